@@ -1,0 +1,194 @@
+"""Dataclass configuration with defaults that work; YAML files and `key=value` only override.
+
+Section and key names follow MindSpeed-RL / verl where the concept is the same
+(`actor_config.tensor_model_parallel_size`, `rl_config.n_samples_per_prompt`,
+`generate_config.max_num_seqs`, ...). Every value is validated here, before any actor, engine or
+process group starts; `validate` lists every problem, not just the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asp_npu.errors import ConfigError
+
+MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "verl-sync")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy: a local HF folder, or one built by `asp-npu init-model` when absent."""
+
+    path: str = "models/tiny"  # HF folder (config.json + tokenizer + weights)
+    build_if_missing: bool = True  # run init-model when `path` does not exist (CPU demo)
+    size: str = "tiny"  # init-model size when building: tiny | small
+    dtype: str = "float32"  # float32 | bfloat16
+
+
+@dataclass
+class DataConfig:
+    """Prompts: a verl/MindSpeed-RL style JSONL/Parquet file, or a built-in synthetic task."""
+
+    data_path: str = ""  # empty -> synthetic task below
+    task: str = "count"  # synthetic task name (asp_npu.data.tasks)
+    num_prompts: int = 256
+    seed: int = 1234
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    logprobs: int = 0
+
+
+@dataclass
+class GenerateConfig:
+    """Rollout instances (MindSpeed-RL `generate_config`)."""
+
+    num_instances: int = 2
+    infer_tensor_parallel_size: int = 1
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = 0.8  # NPU/CUDA
+    enforce_eager: bool = True
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class ActorConfig:
+    """Megatron-core trainer (MindSpeed-RL `actor_config`)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 1
+    micro_batch_size: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    seed: int = 1234
+    load: str = ""  # checkpoint folder to resume from
+    save: str = ""  # checkpoint folder (defaults to <run_dir>/checkpoints)
+
+
+@dataclass
+class RLConfig:
+    """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
+
+    mode: str = "asp"  # one of MODES
+    adv_estimator: str = "group_norm"
+    n_samples_per_prompt: int = 8  # GRPO group size
+    mini_batch_size: int = 32  # samples per trainer step (whole groups)
+    max_lag: int = 1  # policy lag bound in versions (0 = synchronous); AReaL max_head_offpolicyness
+    weight_refresh_interval: int = 1  # refresh rollout weights every k trainer steps
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28  # DAPO clip-higher
+    kl_coef: float = 0.0
+    kl_penalty: str = "low_var_kl"
+    importance_cap: float = 2.0  # truncated importance sampling of behaviour vs proximal policy
+    drop_equal_reward_groups: bool = False  # DAPO dynamic sampling
+    predictor: str = "history"  # history | prompt-len | oracle
+
+
+@dataclass
+class TrainerConfig:
+    """Run bookkeeping (verl `trainer` section)."""
+
+    train_iters: int = 10
+    run_dir: str = "runs/latest"
+    save_freq: int = 0  # 0 = only at the end
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    device: str = "auto"  # auto | cpu | npu | cuda
+    nnodes: int = 1
+    n_devices_per_node: int = 0  # 0 = detect
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generate_config: GenerateConfig = field(default_factory=GenerateConfig)
+    actor_config: ActorConfig = field(default_factory=ActorConfig)
+    rl_config: RLConfig = field(default_factory=RLConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def validate(cfg: Config) -> list[str]:
+    """Return every problem found (empty list = valid). Hardware-independent checks only."""
+    problems: list[str] = []
+    rl, gen, act = cfg.rl_config, cfg.generate_config, cfg.actor_config
+    if rl.mode not in MODES:
+        problems.append(f"rl_config.mode: '{rl.mode}' is not one of {', '.join(MODES)}")
+    if rl.max_lag < 0:
+        problems.append(f"rl_config.max_lag: must be >= 0 (got {rl.max_lag})")
+    if rl.n_samples_per_prompt < 1:
+        problems.append(f"rl_config.n_samples_per_prompt: must be >= 1 (got {rl.n_samples_per_prompt})")
+    elif rl.mini_batch_size < 1 or rl.mini_batch_size % rl.n_samples_per_prompt:
+        problems.append(
+            f"rl_config.mini_batch_size: {rl.mini_batch_size} does not hold whole groups of "
+            f"n_samples_per_prompt={rl.n_samples_per_prompt}"
+        )
+    if rl.weight_refresh_interval < 1:
+        problems.append(f"rl_config.weight_refresh_interval: must be >= 1 (got {rl.weight_refresh_interval})")
+    if gen.num_instances < 1:
+        problems.append(f"generate_config.num_instances: must be >= 1 (got {gen.num_instances})")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "infer_tensor_parallel_size"):
+        if getattr(gen, name) < 1:
+            problems.append(f"generate_config.{name}: must be >= 1 (got {getattr(gen, name)})")
+    if gen.sampling_config.max_tokens < 1:
+        problems.append(f"generate_config.sampling_config.max_tokens: must be >= 1 (got {gen.sampling_config.max_tokens})")
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
+        if getattr(act, name) < 1:
+            problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
+    if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
+        problems.append(f"trainer.device: '{cfg.trainer.device}' is not auto|cpu|npu|cuda")
+    if cfg.trainer.train_iters < 1:
+        problems.append(f"trainer.train_iters: must be >= 1 (got {cfg.trainer.train_iters})")
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
+        problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
+    if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
+        problems.append(f"model.path: '{cfg.model.path}' does not exist")
+    return problems
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None, check: bool = True) -> Config:
+    """Defaults <- YAML file <- `a.b=c` overrides; unknown keys and wrong types are ConfigErrors."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    base = OmegaConf.structured(Config)
+    try:
+        if path:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"{path}: config file not found")
+            base = OmegaConf.merge(base, OmegaConf.load(p))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"override '{bad[0]}' is not of the form key=value")
+            base = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
+        cfg: Config = OmegaConf.to_object(base)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        msg = str(exc).splitlines()[0]
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"{path or 'config'}: {key + ': ' if key else ''}{msg}") from None
+    except Exception as exc:  # YAML syntax errors and friends
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path or 'config'}: {str(exc).splitlines()[0]}") from None
+    if check:
+        problems = validate(cfg)
+        if problems:
+            raise ConfigError("; ".join(problems))
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Prompt datasets, synthetic verifiable tasks, reward functions and length traces."""

@@ -1,0 +1,1 @@
+"""Cluster deployment: config checks for Ascend clusters, MindSpeed-RL config import."""

@@ -1,0 +1,1 @@
+"""Metrics, bubble accounting, Perfetto timelines, plots and run reports."""

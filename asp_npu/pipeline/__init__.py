@@ -1,0 +1,1 @@
+"""The asynchronous pipeline: TrainQueue with bounded policy lag, controller, baseline modes."""

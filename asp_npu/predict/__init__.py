@@ -1,0 +1,1 @@
+"""Response-length predictors (history, prompt features, oracle) and their evaluation."""

@@ -1,0 +1,1 @@
+"""Rollout instances: engine protocol, vLLM engine, instance actor, weight refresh receiver."""

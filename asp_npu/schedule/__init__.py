@@ -1,0 +1,1 @@
+"""The offline ASP planner: padding (grouping), skewness (balancing), sorting (ordering)."""

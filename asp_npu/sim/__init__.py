@@ -1,0 +1,1 @@
+"""Discrete-event simulator of the pipeline and its baselines, cost presets, calibration."""

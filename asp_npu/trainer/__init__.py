@@ -1,0 +1,1 @@
+"""Megatron-core trainer: model, GRPO losses, HF<->Megatron weights, checkpoints."""

@@ -1,0 +1,75 @@
+"""Core records that cross process boundaries (Ray actors, files).
+
+Plain dataclasses of Python scalars/lists so they pickle cheaply through Ray and serialise to JSON.
+The plan types (`DispatchUnit`, `RolloutPlan`) live in `asp_npu.schedule.plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class PromptItem:
+    """One prompt; a GRPO group is this prompt x n samples."""
+
+    prompt_id: str
+    prompt_token_ids: list[int] | None = None
+    text: str | None = None
+    ground_truth: Any = None  # what the reward function compares against
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LengthEstimate:
+    """A predicted response-length distribution for one prompt (tokens)."""
+
+    prompt_id: str
+    mean: float
+    q50: float
+    q90: float
+    source: str  # "history" | "prompt-len" | "population" | "oracle"
+
+
+@dataclass
+class Trajectory:
+    """One generated sample, with everything the trainer and the bubble accounting need."""
+
+    prompt_id: str
+    sample_idx: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    logprobs: list[float]  # behaviour logprobs of the sampled tokens (temperature-processed)
+    finish_reason: str
+    reward: float
+    policy_version: int  # weights version that generated it
+    instance: int = -1
+    epoch: int = 0
+    t_submitted: float = 0.0
+    t_first_token: float = 0.0
+    t_finished: float = 0.0
+
+    @property
+    def response_len(self) -> int:
+        return len(self.response_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainBatch:
+    """A complete minibatch of whole GRPO groups handed to the trainer for one step."""
+
+    trajectories: list[Trajectory]
+    group_size: int
+    step: int = -1  # trainer step that will consume it
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def versions(self) -> list[int]:
+        return [t.policy_version for t in self.trajectories]

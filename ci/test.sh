@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The README's test command: set up if needed, lint, run the whole suite.
+# pytest exit code 5 (no tests collected) is a failure here, never a silent success.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh || { echo "ci/test.sh: setup failed" >&2; exit 1; }
+PY=.venv/bin/python
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_HOST_IP=127.0.0.1 \
+       MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
+.venv/bin/ruff check asp_npu tests || { echo "ci/test.sh: ruff found problems" >&2; exit 1; }
+$PY -m pytest -q -p no:cacheprovider --timeout=900 "$@"
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "ci/test.sh: pytest collected no tests -- failing" >&2
+  exit 1
+fi
+exit $rc
