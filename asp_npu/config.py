@@ -18,6 +18,20 @@ MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "ver
 
 
 @dataclass
+class ModelArch:
+    """Architecture numbers for `asp-npu check` memory/TP estimates; 0 = read model.path/config.json."""
+
+    hidden_size: int = 0
+    num_layers: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    vocab_size: int = 0
+    intermediate_size: int = 0
+    max_position_embeddings: int = 0
+    tie_word_embeddings: bool = False
+
+
+@dataclass
 class ModelConfig:
     """Which policy: a local HF folder, or one built by `asp-npu init-model` when absent."""
 
@@ -25,6 +39,8 @@ class ModelConfig:
     build_if_missing: bool = True  # run init-model when `path` does not exist (CPU demo)
     size: str = "tiny"  # init-model size when building: tiny | small
     dtype: str = "float32"  # float32 | bfloat16
+    warm_start_steps: int = 0  # `asp-npu train`: supervised warm-start steps before RL (0 = none)
+    arch: ModelArch = field(default_factory=ModelArch)
 
 
 @dataclass
@@ -56,6 +72,7 @@ class GenerateConfig:
     kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.8  # NPU/CUDA
     enforce_eager: bool = True
+    max_model_len: int = 0  # prompt + response tokens per sequence; 0 = max_prompt_length + max_tokens
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -73,6 +90,11 @@ class ActorConfig:
     seed: int = 1234
     load: str = ""  # checkpoint folder to resume from
     save: str = ""  # checkpoint folder (defaults to <run_dir>/checkpoints)
+    ppo_epochs: int = 1  # optimizer updates per TrainBatch (proximal policy = weights before the first)
+    num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
+    use_distributed_optimizer: bool = False  # shard optimizer state over DP (Megatron)
+    sequence_parallel: bool = False
+    recompute_granularity: str = ""  # "" | selective | full (activation recomputation)
 
 
 @dataclass
@@ -92,6 +114,10 @@ class RLConfig:
     importance_cap: float = 2.0  # truncated importance sampling of behaviour vs proximal policy
     drop_equal_reward_groups: bool = False  # DAPO dynamic sampling
     predictor: str = "history"  # history | prompt-len | oracle
+    max_prompt_length: int = 512  # longest prompt in tokens (MindSpeed-RL rl_config.max_prompt_length)
+    global_batch_size: int = 0  # prompts per iteration (MindSpeed-RL megatron_training); 0 = one minibatch
+    plan_cost_a: float = 0.0535  # planner cost model: seconds per decode step (see asp_npu.schedule.cost)
+    plan_cost_b: float = 0.00035  # planner cost model: seconds per running sequence per step
 
 
 @dataclass
@@ -105,6 +131,23 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
     n_devices_per_node: int = 0  # 0 = detect
+    card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
+    stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-start (`asp-npu sft`; `model.warm_start_steps` in `asp-npu train`) on data.task."""
+
+    steps: int = 300
+    batch_size: int = 32  # examples per optimizer step
+    lr: float = 1e-3
+    num_examples: int = 4096  # generated task examples (seed below, distinct from the RL prompts)
+    max_items: int = 16  # cap on answer items of the training examples (keeps CPU steps short)
+    eval_prompts: int = 64  # first N RL prompts (data section) scored greedily by exact match
+    eval_every: int = 100  # steps between evaluations (0 = only before and after)
+    out: str = "models/tiny-sft"  # HF folder written at the end (config + tokenizer + weights)
+    seed: int = 4321
 
 
 @dataclass
@@ -115,6 +158,7 @@ class Config:
     actor_config: ActorConfig = field(default_factory=ActorConfig)
     rl_config: RLConfig = field(default_factory=RLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 def validate(cfg: Config) -> list[str]:

@@ -115,3 +115,102 @@ def available_devices(kind: DeviceKind) -> int:
     import torch
 
     return int(torch.cuda.device_count())
+
+
+def megatron_config_overrides(kind: DeviceKind) -> dict[str, object]:
+    """TransformerConfig fields that depend on the device (CPU: build parameters on the host)."""
+    return {"use_cpu_initialization": True} if kind == "cpu" else {}
+
+
+def bind_local_device(kind: DeviceKind, local_rank: int) -> str:
+    """Pin this trainer rank to its card (no-op on CPU); returns the torch device string to use."""
+    if kind == "npu":
+        import torch
+        import torch_npu  # noqa: F401
+
+        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+        return f"npu:{local_rank}"
+    if kind == "cuda":
+        import torch
+
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+# ---------------------------------------------------------------- Ascend stack (NPU path)
+
+NPU_PACKAGES: dict[str, str] = {  # import name -> what installs it (docs/ascend.md gives the order)
+    "torch_npu": "torch-npu (matching the torch version and the CANN release)",
+    "mindspeed": "MindSpeed from https://gitee.com/ascend/MindSpeed (pip install -e .)",
+    "vllm_ascend": "vllm-ascend from https://github.com/vllm-project/vllm-ascend (pip install -e .)",
+}
+
+
+def collective_backend(kind: DeviceKind) -> str:
+    """torch.distributed backend for weight_refresh broadcasts: hccl on NPU, nccl on CUDA, gloo on CPU."""
+    return spec(kind).dist_backend
+
+
+def cann_home() -> str | None:
+    """The CANN toolkit this process sees (set by CANN's set_env.sh), or None when CANN is not sourced."""
+    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
+
+
+def vllm_platform_plugins() -> list[str]:
+    """Names registered under vLLM's `vllm.platform_plugins` entry point (vllm-ascend registers 'ascend')."""
+    from importlib.metadata import entry_points
+
+    return sorted(ep.name for ep in entry_points(group="vllm.platform_plugins"))
+
+
+def npu_stack_problems() -> list[str]:
+    """Everything missing for the NPU path, each with what to install; empty when the stack is complete.
+
+    Only looks (find_spec, environment, package metadata); imports nothing, so it is safe anywhere."""
+    problems = []
+    if cann_home() is None:
+        problems.append("CANN is not sourced (no ASCEND_TOOLKIT_HOME): source "
+                        "/usr/local/Ascend/ascend-toolkit/set_env.sh (launch/env_npu.sh does)")
+    for module, how in NPU_PACKAGES.items():
+        if not _has(module):
+            problems.append(f"python package '{module}' is missing: install {how}")
+    if _has("vllm_ascend") and "ascend" not in vllm_platform_plugins():
+        problems.append("vllm-ascend is installed but not registered as a vLLM platform plugin "
+                        "(entry point vllm.platform_plugins 'ascend'): reinstall it into this environment")
+    return problems
+
+
+def require_npu_stack() -> None:
+    """Fail with one message naming every missing piece, before any actor or process group starts."""
+    problems = npu_stack_problems()
+    if problems:
+        raise RuntimeError("the Ascend NPU stack is incomplete:\n  - " + "\n  - ".join(problems))
+
+
+def vllm_platform(kind: DeviceKind) -> str | None:
+    """Which vLLM platform serves rollout on this device: 'ascend' (vllm-ascend plugin) on NPU,
+    None (vLLM's built-in detection: CPU or CUDA) elsewhere."""
+    if kind != "npu":
+        return None
+    if not _has("vllm_ascend"):
+        raise RuntimeError(f"rollout on NPU needs vllm-ascend: install {NPU_PACKAGES['vllm_ascend']}")
+    return "ascend"
+
+
+def visible_devices(kind: DeviceKind, devices: list[int]) -> dict[str, str]:
+    """The variable that pins a process to `devices` (ASCEND_RT_VISIBLE_DEVICES on NPU); {} on CPU."""
+    var = spec(kind).visible_devices_env
+    return {var: ",".join(str(d) for d in devices)} if var else {}
+
+
+def trainer_actor_options(kind: DeviceKind) -> dict[str, object]:
+    """Ray options for one trainer-rank actor: a core on CPU, one card elsewhere (Ray then sets the
+    visible-devices variable, so the actor's card is its local device 0)."""
+    if kind == "cpu":
+        env = {**loopback_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        return {"num_cpus": 1, "runtime_env": {"env_vars": env}}
+    return {"num_cpus": 1, "resources": {spec(kind).ray_resource: 1}}

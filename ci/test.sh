@@ -2,7 +2,7 @@
 # The README's test command: set up if needed, lint, run the whole suite.
 # pytest exit code 5 (no tests collected) is a failure here, never a silent success.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bash ci/setup.sh || { echo "ci/test.sh: setup failed" >&2; exit 1; }
 PY=.venv/bin/python
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_HOST_IP=127.0.0.1 \

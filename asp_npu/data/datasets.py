@@ -1,0 +1,182 @@
+"""Prompt datasets from files users already have: verl and MindSpeed-RL layouts, JSONL/JSON/Parquet.
+
+verl layout (one row per prompt): `prompt` = chat messages `[{"role", "content"}, ...]` (a plain
+string is taken as the user message), `reward_model.ground_truth`, `data_source`, optional
+`extra_info`. MindSpeed-RL layout (its raw alpaca-style rows before Megatron preprocessing): the
+prompt in `problem` / `question` / `prompt` / `instruction` (+ optional `input` and `system`), the
+answer in `answer` / `solution` / `response` / `output`; `map_keys` picks other columns, as
+MindSpeed-RL's `map_keys` does. Every defect raises one UserError naming file and row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asp_npu.errors import UserError
+from asp_npu.types import PromptItem
+
+LAYOUTS = ("auto", "verl", "mindspeed")
+MINDSPEED_CANDIDATES = {
+    "prompt": ("problem", "question", "prompt", "instruction"),
+    "response": ("answer", "solution", "response", "output"),
+    "query": ("input",),
+    "system": ("system",),
+}
+
+
+def _iter_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(where, row) pairs; `where` is `file:line` for JSONL, `file: row i` (0-based) otherwise."""
+    if not path.exists():
+        raise UserError(f"{path}: no such dataset file")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a .jsonl/.json/.parquet file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise UserError(f"{path}: cannot read Parquet ({str(exc).splitlines()[0]})") from None
+        return [(f"{path}: row {i}", r) for i, r in enumerate(rows)]
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+        return [(f"{path}: row {i}", r) for i, r in enumerate(rows)]
+    out = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"{path}:{line_no}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    return out
+
+
+def _messages(where: str, value: Any, column: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
+        )
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise UserError(f"{where}: column '{column}' must be a string or a list of {{role, content}} messages")
+
+
+def _verl_row(where: str, row: dict[str, Any], prompt_key: str) -> tuple[list[dict[str, str]], Any, str]:
+    if prompt_key not in row:
+        raise UserError(f"{where}: no column '{prompt_key}' (columns: {', '.join(sorted(row))})")
+    messages = _messages(where, row[prompt_key], prompt_key)
+    rm = row.get("reward_model")
+    if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+        raise UserError(f"{where}: missing 'reward_model.ground_truth'")
+    return messages, rm["ground_truth"], str(row.get("data_source") or "")
+
+
+def _pick(row: dict[str, Any], role: str, map_keys: dict[str, str]) -> str | None:
+    if role in map_keys:
+        return map_keys[role] or None
+    return next((k for k in MINDSPEED_CANDIDATES[role] if k in row), None)
+
+
+def _mindspeed_row(
+    where: str, row: dict[str, Any], map_keys: dict[str, str]
+) -> tuple[list[dict[str, str]], Any, str]:
+    cols = {role: _pick(row, role, map_keys) for role in MINDSPEED_CANDIDATES}
+    for role in ("prompt", "response"):
+        if cols[role] is None:
+            raise UserError(
+                f"{where}: no {role} column (tried {', '.join(MINDSPEED_CANDIDATES[role])}; "
+                f"columns: {', '.join(sorted(row))}; set map_keys)"
+            )
+    for role, col in cols.items():
+        if col is not None and col not in row and role in ("prompt", "response"):
+            raise UserError(
+                f"{where}: no column '{col}' (map_keys.{role}; columns: {', '.join(sorted(row))})"
+            )
+    prompt = row[cols["prompt"]]  # type: ignore[index]
+    if not isinstance(prompt, str):
+        raise UserError(f"{where}: column '{cols['prompt']}' must be a string")
+    query = row.get(cols["query"]) if cols["query"] else None
+    content = prompt if not query else f"{prompt}\n{query}"
+    messages = [{"role": "user", "content": content}]
+    system = row.get(cols["system"]) if cols["system"] else None
+    if isinstance(system, str) and system:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages, row[cols["response"]], str(row.get("data_source") or "")  # type: ignore[index]
+
+
+def load_dataset(
+    path: str | Path,
+    layout: str = "auto",
+    map_keys: dict[str, str] | None = None,
+    prompt_key: str = "prompt",
+    limit: int | None = None,
+) -> list[PromptItem]:
+    """Read every row into a PromptItem (`prompt_id` = `<file stem>-<row index>`, stable across epochs)."""
+    if layout not in LAYOUTS:
+        raise UserError(f"dataset layout '{layout}' is not one of {', '.join(LAYOUTS)}")
+    unknown = set(map_keys or {}) - set(MINDSPEED_CANDIDATES)
+    if unknown:
+        raise UserError(
+            f"map_keys: unknown role(s) {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(MINDSPEED_CANDIDATES)})"
+        )
+    p = Path(path)
+    items: list[PromptItem] = []
+    for idx, (where, row) in enumerate(_iter_rows(p)):
+        if limit is not None and idx >= limit:
+            break
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected an object, got {type(row).__name__}")
+        kind = layout
+        if kind == "auto":
+            kind = "verl" if "reward_model" in row else "mindspeed"
+        if kind == "verl":
+            messages, truth, source = _verl_row(where, row, prompt_key)
+        else:
+            messages, truth, source = _mindspeed_row(where, row, dict(map_keys or {}))
+        if truth is None or (isinstance(truth, str) and not truth.strip()):
+            raise UserError(f"{where}: empty ground truth")
+        items.append(
+            PromptItem(
+                prompt_id=f"{p.stem}-{idx}",
+                text=messages[-1]["content"],
+                ground_truth=truth,
+                meta={"data_source": source, "messages": messages, "source_file": str(p), "row": idx},
+            )
+        )
+    if not items:
+        raise UserError(f"{p}: no rows")
+    return items
+
+
+def load_prompts(data_path: str, task: str, num_prompts: int, seed: int, **kwargs: Any) -> list[PromptItem]:
+    """The config's `data` section: a dataset file if given, else the synthetic task."""
+    if data_path:
+        return load_dataset(data_path, limit=num_prompts or None, **kwargs)
+    from asp_npu.data.tasks import make_prompts
+
+    return make_prompts(task, num_prompts, seed)
+
+
+def encode_prompt(item: PromptItem, tokenizer: Any) -> list[int]:
+    """Token ids the engine sees: given ids, else the chat template over the messages, else the text."""
+    if item.prompt_token_ids:
+        return list(item.prompt_token_ids)
+    messages = item.meta.get("messages") or [{"role": "user", "content": item.text or ""}]
+    if getattr(tokenizer, "chat_template", None) and not item.meta.get("raw_prompt"):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode("\n".join(m["content"] for m in messages)))

@@ -1,0 +1,174 @@
+"""`asp-npu init-model`: a tokenizer and a random Qwen2 model built locally, saved as an HF folder.
+
+Why: CI and the CPU demo must run with no hub access. The tokenizer is a byte-level BPE trained in
+about a second on the synthetic tasks' text (digits split individually, as Qwen's tokenizer does,
+so answer length in tokens follows the item count); the model is a randomly initialised
+`Qwen2ForCausalLM`, the architecture of the Qwen2.5 checkpoints users train on Ascend. Any other
+local HF folder (a real Qwen2.5 download) is used the same way: vLLM, the trainer and the tests only
+ever see "a folder with config.json, tokenizer and safetensors weights".
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from asp_npu.errors import UserError
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Head sizes are ones vLLM's CPU attention supports (32, 64, 80, 96, 112, 128, ...).
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        vocab=512,
+    ),
+    "small": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        vocab=1024,
+    ),
+}
+
+
+def build_tokenizer(vocab_size: int, seed: int = 0):
+    """Train a byte-level BPE on the tasks' text and wrap it as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from asp_npu.data.tasks import corpus_lines
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(seed=seed), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=SIZES["small"]["max_position_embeddings"],
+    )
+
+
+def build_model(size: str, vocab_size: int, special_ids: dict[str, int], seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(SIZES[size])
+    shape.pop("vocab")
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        use_sliding_window=False,
+        pad_token_id=special_ids["pad"],
+        bos_token_id=special_ids["bos"],
+        eos_token_id=special_ids["eos"],
+        dtype="float32",
+        **shape,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = special_ids["eos"]
+    model.generation_config.pad_token_id = special_ids["pad"]
+    model.generation_config.bos_token_id = special_ids["bos"]
+    return model
+
+
+def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: bool = False) -> Path:
+    """Build tokenizer + random Qwen2 model into `out` (written atomically: all or nothing)."""
+    if size not in SIZES:
+        raise UserError(f"unknown model size '{size}' (known: {', '.join(SIZES)})")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise UserError(f"{out}: already exists and is not empty (use --force to replace it)")
+    if not out.parent.exists():
+        raise UserError(f"{out}: folder {out.parent} does not exist")
+    tokenizer = build_tokenizer(SIZES[size]["vocab"], seed=seed)
+    vocab = -(-len(tokenizer) // 64) * 64  # padded to a multiple of 64, as real checkpoints are
+    ids = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    model = build_model(size, vocab, ids, seed=seed)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """A usable HF model folder, or one UserError saying what is missing."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"model folder {p} does not exist (build one with `asp-npu init-model --out {p}`)")
+    if not p.is_dir():
+        raise UserError(f"model path {p} is not a folder")
+    if not (p / "config.json").is_file():
+        raise UserError(f"model folder {p} has no config.json")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise UserError(f"model folder {p} has no weights (*.safetensors)")
+    if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+        raise UserError(f"model folder {p} has no tokenizer")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from asp_npu.cli import command_parser
+
+    parser = command_parser("init-model", "build a local tokenizer + random Qwen2 model (no download)")
+    parser.add_argument("--out", required=True, help="folder to create (HF layout)")
+    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    args = parser.parse_args(argv)
+    out = build_model_dir(args.out, args.size, args.seed, args.force)
+    n_params = _count_params(out)
+    print(f"wrote {out} ({args.size}, {n_params / 1e6:.2f}M parameters)")
+    return 0
+
+
+def _count_params(folder: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for f in folder.glob("*.safetensors"):
+        with safe_open(str(f), "np") as st:
+            for k in st.keys():
+                n = 1
+                for d in st.get_slice(k).get_shape():
+                    n *= d
+                total += n
+    return total

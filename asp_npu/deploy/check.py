@@ -1,0 +1,204 @@
+"""`asp-npu check --config FILE [--nodes N --npus-per-node M]`: validate a config for a cluster
+before queueing for it, without touching hardware.
+
+Prints the layout (which NPUs run which rollout instance or trainer rank), the per-NPU memory
+estimate of each role, and the simulator's estimate of iteration time and throughput for ASP and
+`mindspeed-sync` on that layout. A bad config lists every problem on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+from asp_npu.cli import command_parser
+from asp_npu.config import Config, load_config, validate
+from asp_npu.deploy.layout import Layout, card_for, plan_layout
+from asp_npu.errors import UserError
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5' (how NPU lists read in ASCEND_RT_VISIBLE_DEVICES docs)."""
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)
+
+
+def format_layout(cfg: Config, lay: Layout) -> str:
+    gen, act = cfg.generate_config, cfg.actor_config
+    lines = [
+        f"cluster: {lay.nodes} node(s) x {lay.npus_per_node} NPUs = {lay.total_npus} ({lay.card.description})"
+    ]
+    if lay.arch is not None:
+        a = lay.arch
+        lines.append(
+            f"model:   {a.params / 1e9:.2f}B params (hidden {a.hidden_size}, {a.num_layers} layers, "
+            f"{a.num_attention_heads} heads / {a.num_key_value_heads} kv, vocab {a.vocab_size}, ffn "
+            f"{a.intermediate_size}; from {lay.arch_source}), {cfg.model.dtype}"
+        )
+    kind = "colocated: rollout and training take turns on the same NPUs" if lay.colocated else "disaggregated"
+    lines.append(
+        f"mode:    {lay.mode} ({kind}); rollout {gen.num_instances} instances x infer TP"
+        f"{gen.infer_tensor_parallel_size} = {lay.rollout_npus} NPUs; "
+        f"trainer TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
+        f" x DP{act.data_parallel_size} = {lay.trainer_npus} NPUs; "
+        f"{len(lay.idle)} idle"
+    )
+    lines.append("")
+    rows = [("node", "NPUs", "role", "placement")]
+    for inst in lay.instances:
+        rows.append(
+            (
+                str(inst.node),
+                _ranges(inst.npus),
+                "rollout",
+                f"instance {inst.instance} (vLLM, TP{len(inst.npus)})",
+            )
+        )
+    for g in lay.trainer:
+        rows.append(
+            (
+                str(g.node),
+                _ranges(g.npus),
+                "trainer",
+                f"ranks {_ranges(g.ranks)} (TP group; pp stage {g.pp_stage}, dp rank {g.dp_rank})",
+            )
+        )
+    for node in sorted({n for n, _ in lay.idle}):
+        rows.append((str(node), _ranges([d for n, d in lay.idle if n == node]), "idle", ""))
+    if len(rows) == 1:
+        rows.append(("-", "-", "-", "no placement (see the problems below)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
+    if lay.memory:
+        order = (
+            "weights",
+            "gradients",
+            "optimizer",
+            "activations",
+            "logits",
+            "reference",
+            "workspace",
+            "kv_cache",
+            "runtime",
+        )
+        keys = [k for k in order if any(k in m.parts for m in lay.memory)]
+        head = ["memory per NPU (GiB)"] + keys + ["total", "budget"]
+        table = [head]
+        for m in lay.memory:
+            table.append(
+                [m.role]
+                + [f"{m.parts[k]:.1f}" if k in m.parts else "-" for k in keys]
+                + [f"{m.total_gib:.1f}", f"{m.budget_gib:.1f}"]
+            )
+        w = [max(len(r[i]) for r in table) for i in range(len(head))]
+        lines.append("")
+        lines += [
+            "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in table
+        ]
+        lines += [f"  {m.role}: {n}" for m in lay.memory for n in m.notes]
+    return "\n".join(lines)
+
+
+def _sim_estimate(cfg: Config, lay: Layout) -> tuple[list[dict] | None, str]:
+    """The simulator's iteration time / throughput for ASP and mindspeed-sync on this layout."""
+    from asp_npu.deploy.estimate import estimate
+
+    return estimate(cfg, lay)
+
+
+def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout:
+    """Every problem of `cfg` on this cluster in `Layout.problems` (config validation included)."""
+    try:
+        card = card_for(card_name)
+    except KeyError as exc:
+        raise UserError(str(exc.args[0])) from None
+    as_if_built = copy.deepcopy(cfg)
+    as_if_built.model.build_if_missing = True  # the model folder lives on the cluster, not necessarily here
+    lay = plan_layout(cfg, nodes, npus_per_node, card)
+    lay.problems = validate(as_if_built) + lay.problems
+    if cfg.trainer.device == "cpu":
+        lay.problems.append("trainer.device: 'cpu' -- this config does not run on NPUs")
+    if not Path(cfg.model.path).exists():
+        lay.warnings.append(
+            f"model.path {cfg.model.path} is not on this machine (fine on a login node; it must "
+            "exist on every cluster node)"
+        )
+    return lay
+
+
+def main(argv: list[str]) -> int:
+    p = command_parser("check", "validate a config against a cluster without touching hardware")
+    p.add_argument("--config", required=True, help="YAML config (e.g. configs/npu/qwen25_7b_a2_1node.yaml)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes in the cluster (default: trainer.nnodes)")
+    p.add_argument(
+        "--npus-per-node",
+        type=int,
+        default=None,
+        help="NPUs per node (default: trainer.n_devices_per_node, else the card's)",
+    )
+    p.add_argument("--card", default=None, help="910b | 910b4 | a2 | a3 (default: trainer.card)")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulator's estimate")
+    p.add_argument("--json", action="store_true", help="print the layout as JSON instead of tables")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides, check=False)
+    card_name = args.card if args.card is not None else cfg.trainer.card
+    try:
+        per_node_default = card_for(card_name).npus_per_node
+    except KeyError as exc:
+        raise UserError(str(exc.args[0])) from None
+    nodes = args.nodes if args.nodes is not None else cfg.trainer.nnodes
+    per_node = (
+        args.npus_per_node
+        if args.npus_per_node is not None
+        else (cfg.trainer.n_devices_per_node or per_node_default)
+    )
+    if nodes < 1 or per_node < 1:
+        raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
+    lay = check(cfg, nodes, per_node, card_name)
+    sim_rows, sim_note = (
+        (None, "skipped (--no-sim)") if args.no_sim or lay.problems else _sim_estimate(cfg, lay)
+    )
+    if args.json:
+        print(json.dumps({**lay.to_dict(), "simulator": sim_rows, "simulator_note": sim_note}, indent=1))
+    else:
+        print(f"asp-npu check: {args.config}")
+        print(format_layout(cfg, lay))
+        if not lay.problems:
+            print("")
+            if sim_rows:
+                print(sim_note)
+                w = max(len(r["mode"]) for r in sim_rows)
+                print(f"{'mode':<{w}}  {'iteration (s)':>13}  {'throughput (tok/s)':>18}  layout")
+                for r in sim_rows:
+                    print(
+                        f"{r['mode']:<{w}}  {r['iteration_s']:>13.1f}  {r['throughput_tok_s']:>18,.0f}  "
+                        f"{r['layout']}"
+                    )
+                if len(sim_rows) == 2 and sim_rows[1]["throughput_tok_s"] > 0:
+                    ratio = sim_rows[0]["throughput_tok_s"] / sim_rows[1]["throughput_tok_s"]
+                    print(f"asp / mindspeed-sync throughput: {ratio:.2f}x")
+            else:
+                print(f"simulator: {sim_note}")
+        for w_ in lay.warnings:
+            print(f"warning: {w_}")
+    if lay.problems:
+        for prob in lay.problems:
+            print(f"asp-npu check: problem: {prob}", file=sys.stderr)
+        print(
+            f"asp-npu check: error: {len(lay.problems)} problem(s) in {args.config} for {nodes} node(s) x "
+            f"{per_node} NPUs",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.json:
+        print(f"OK: {args.config} fits {nodes} node(s) x {per_node} NPUs")
+    return 0

@@ -1,0 +1,148 @@
+"""The simulator's estimate of iteration time and throughput for a checked layout, for ASP and for
+`mindspeed-sync` on the same NPUs (what `asp-npu check` prints).
+
+It builds a simulator preset from the config and the layout and calls `asp_npu.sim` (same planner,
+queue and cost model as `asp-npu bench sim`). Cost numbers start from the `paper` preset (Qwen2.5-7B
+on Ascend 910B, every number sourced in docs/simulator.md) and are rescaled to this model and
+inference TP with the formulas the preset's sources state: weight reads, KV reads, prefill FLOPs
+and trainer FLOPs per token scale with the model. Response lengths follow the same synthetic
+reasoning-trace shape, scaled to the config's `max_tokens`. An estimate to compare layouts and
+modes before queueing, not a measurement: calibrate on the cluster (`asp-npu calibrate`) for that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.deploy.layout import Layout
+
+HBM_BYTES_PER_S = 1.6e12  # Ascend 910B HBM bandwidth per NPU (an A3 die is taken as the same)
+ITERATIONS = 8
+
+
+def _kv_bytes_per_token(lay: Layout, dtype_bytes: int) -> float:
+    a = lay.arch
+    assert a is not None
+    return 2 * a.num_layers * a.num_key_value_heads * a.head_dim * dtype_bytes
+
+
+def build_preset(cfg: Config, lay: Layout) -> Any:
+    """A `asp_npu.sim.preset.Preset` for this config on this layout."""
+    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
+
+    base = load_preset("paper")
+    a = lay.arch
+    assert a is not None
+    gen, act, rl = cfg.generate_config, cfg.actor_config, cfg.rl_config
+    itp, base_itp = gen.infer_tensor_parallel_size, base.cluster.infer_tp
+    wb = 4 if cfg.model.dtype == "float32" else 2
+    ref_params = 7.6e9  # the paper preset's model (Qwen2.5-7B)
+    scale = a.params / ref_params
+    weights_read = a.params * wb / itp / HBM_BYTES_PER_S
+    base_weights_read = ref_params * 2 / base_itp / HBM_BYTES_PER_S
+    c = base.cost
+    cost = replace(
+        c,
+        decode_a=c.decode_a - base_weights_read + weights_read,
+        decode_c=_kv_bytes_per_token(lay, wb) / itp / HBM_BYTES_PER_S,
+        prefill_s_per_token=c.prefill_s_per_token * scale * base_itp / itp,
+        train_s_per_token=c.train_s_per_token * scale,
+        train_dp_devices=act.tensor_model_parallel_size * act.pipeline_model_parallel_size,
+        micro_batch_size=act.micro_batch_size,
+        refresh_s=c.refresh_s * scale,
+        to_train_s=c.to_train_s * scale,
+        to_infer_s=c.to_infer_s * scale,
+    )
+    devices = lay.trainer_npus if lay.colocated else lay.rollout_npus + lay.trainer_npus
+    cluster = Cluster(
+        devices=devices,
+        infer_tp=itp,
+        max_num_seqs=gen.max_num_seqs,
+        min_trainer_devices=min(lay.trainer_npus, devices - itp) if lay.colocated else lay.trainer_npus,
+        sweep_trainer_devices=lay.trainer_npus,
+        split="rule",
+    )
+    n = rl.n_samples_per_prompt
+    ppi = rl.global_batch_size or max(1, rl.mini_batch_size // n)
+    synth = dict(base.workload.synth)
+    cap = gen.sampling_config.max_tokens
+    synth.update(
+        n=n,
+        prompts=ppi * 2,
+        epochs=math.ceil(ITERATIONS / 2) + 1,
+        max_len=cap,
+        median_len=max(16.0, float(synth.get("median_len", 2048)) * cap / float(synth.get("max_len", 16384))),
+        prompt_median=min(float(synth.get("prompt_median", 160)), rl.max_prompt_length / 2),
+    )
+    workload = WorkloadSpec(
+        prompts_per_iteration=ppi, n_samples_per_prompt=n, iterations=ITERATIONS, synth=synth
+    )
+    rls = RLSpec(
+        mini_batch_size=rl.mini_batch_size,
+        max_lag=rl.max_lag,
+        sync_every_minibatches=rl.weight_refresh_interval,
+        predictor=rl.predictor if rl.predictor in ("history", "prompt-len", "oracle") else "history",
+        executor="stream",
+        plan_window=1,
+    )
+    return Preset(
+        f"check:{lay.mode}",
+        cluster,
+        workload,
+        rls,
+        cost,
+        dict(base.sources),
+        [f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params, inference TP{itp}"],
+        base.path,
+    )
+
+
+def estimate(cfg: Config, lay: Layout) -> tuple[list[dict[str, Any]] | None, str]:
+    """Rows {mode, layout, iteration_s, throughput_tok_s} for asp and mindspeed-sync, and a note.
+
+    Returns (None, reason) when the simulator cannot run this layout."""
+    try:
+        from asp_npu.sim.modes import Layout as SimLayout
+        from asp_npu.sim.preset import validate
+        from asp_npu.sim.run import build_workload, simulate, simulate_layout
+    except ImportError as exc:
+        return None, f"simulator not available ({exc})"
+    if lay.arch is None or not lay.instances or not lay.trainer:
+        return None, "no layout to simulate"
+    preset = build_preset(cfg, lay)
+    problems = validate(preset)
+    if problems:
+        return None, "simulator cannot model this config: " + "; ".join(problems)
+    workload = build_workload(preset)
+    rows = []
+    for mode in ("asp", "mindspeed-sync"):
+        if mode == "asp" and not lay.colocated:
+            itp = cfg.generate_config.infer_tensor_parallel_size
+            sim_lay = SimLayout(preset.cluster.devices, len(lay.instances), itp, lay.trainer_npus)
+            run = simulate_layout(preset, workload, mode, sim_lay)
+        else:
+            run = simulate(preset, workload, mode)
+        m, sl = run.metrics, run.layout
+        where = (
+            f"{sl.instances} x TP{sl.instance_devices} colocated on {sl.devices} NPUs"
+            if mode == "mindspeed-sync"
+            else f"{sl.instances} x TP{sl.instance_devices} + trainer {sl.trainer_devices} NPUs"
+        )
+        rows.append(
+            {
+                "mode": mode,
+                "layout": where,
+                "iteration_s": m["iteration_time_mean_s"],
+                "throughput_tok_s": m["throughput_tokens_per_s"],
+                "utilization": m["utilization"],
+            }
+        )
+    note = (
+        f"simulator estimate ({ITERATIONS} iterations of {preset.workload.prompts_per_iteration} prompts x "
+        f"{preset.workload.n_samples_per_prompt}, synthetic reasoning lengths capped at "
+        f"{preset.workload.synth['max_len']} tokens, {preset.notes[0]}; not a measurement):"
+    )
+    return rows, note

@@ -1,0 +1,561 @@
+"""`asp-npu import-config mindspeed-rl FILE.yaml --out ours.yaml`: translate a MindSpeed-RL GRPO
+config into an asp-npu config, naming every key that could not be mapped and why.
+
+MindSpeed-RL's sections are `megatron_training` (shared Megatron defaults), `actor_config`,
+`rl_config` and `generate_config`; model architecture lives in `configs/model/<name>.yaml`, pulled
+in by Hydra `defaults`. Its integrated worker runs rollout and training on the same
+`rl_config.actor_resource.num_npus` NPUs; asp-npu (mode `asp`) gives rollout instances and the
+trainer their own NPUs, so the importer splits that NPU count between them, choosing the split
+closest to half/half that passes `asp-npu check` (`--mode mindspeed-sync` keeps the colocated layout).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from asp_npu.cli import command_parser
+from asp_npu.config import MODES, Config, load_config
+from asp_npu.deploy.layout import COLOCATED_MODES, card_for, plan_layout
+from asp_npu.errors import UserError
+from asp_npu.io import atomic_write, check_writable
+
+# Public architecture numbers (HF config.json of each model) for MindSpeed-RL's model names, used
+# when the MindSpeed model yaml is not next to the imported file.
+KNOWN_MODELS: dict[str, dict[str, Any]] = {
+    "qwen25_7b": dict(
+        hidden_size=3584,
+        num_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        intermediate_size=18944,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    ),
+    "qwen25_32b": dict(
+        hidden_size=5120,
+        num_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        intermediate_size=27648,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    ),
+}
+
+_KERNEL = "MindSpeed kernel/feature switch: MindSpeed's adaptor applies its NPU kernels; no asp-npu key"
+_DATA = "option of MindSpeed's preprocessed (Megatron-format) datasets; asp-npu reads JSONL/Parquet directly"
+_HF = "model hyper-parameter: asp-npu takes it from the HF config.json of model.path"
+_SCHED = "MindSpeed-RL TransferDock/dispatch tuning: asp-npu's planner and TrainQueue decide dispatch"
+_LR = "learning-rate schedule/Adam option: asp-npu uses a constant lr with default Adam betas"
+_REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
+_LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
+
+# section -> key -> (our dotted key, converter) | reason string (could not map)
+_DIRECT = {
+    "tokenizer_name_or_path": "model.path",
+    "train_iters": "trainer.train_iters",
+    "global_batch_size": "rl_config.global_batch_size",
+    "data_path": "data.data_path",
+    "save_interval": "trainer.save_freq",
+    "use_distributed_optimizer": "actor_config.use_distributed_optimizer",
+    "sequence_parallel": "actor_config.sequence_parallel",
+    "recompute_granularity": "actor_config.recompute_granularity",
+    "micro_batch_size": "actor_config.micro_batch_size",
+    "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
+    "lr": "actor_config.lr",
+    "weight_decay": "actor_config.weight_decay",
+    "clip_grad": "actor_config.clip_grad",
+    "load": "actor_config.load",
+    "save": "actor_config.save",
+}
+_TRAINING_REASONS = {
+    **dict.fromkeys(
+        (
+            "use_fused_rmsnorm",
+            "use_mcore_models",
+            "use_flash_attn",
+            "no_masked_softmax_fusion",
+            "attention_softmax_in_fp32",
+            "no_gradient_accumulation_fusion",
+            "use_fused_swiglu",
+            "use_fused_rotary_pos_emb",
+            "use_mc2",
+            "use_ascend_coc",
+            "coc_fused_kernel",
+            "coc_parallel_num",
+            "use_fused_ring_attention_update",
+            "use_cp_send_recv_overlap",
+        ),
+        _KERNEL,
+    ),
+    **dict.fromkeys(
+        (
+            "split",
+            "no_shuffle",
+            "full_shuffle_instruction_dataset",
+            "dataset_additional_keys",
+            "variable_seq_lengths",
+            "reset_position_ids",
+            "reset_attention_mask",
+            "is_instruction_dataset",
+            "prompt_type",
+            "map_keys",
+        ),
+        _DATA,
+    ),
+    **dict.fromkeys(
+        (
+            "attention_dropout",
+            "hidden_dropout",
+            "init_method_std",
+            "rotary_base",
+            "make_vocab_size_divisible_by",
+            "padded_vocab_size",
+            "norm_epsilon",
+        ),
+        _HF,
+    ),
+    **dict.fromkeys(
+        (
+            "lr_decay_style",
+            "min_lr",
+            "lr_warmup_fraction",
+            "adam_beta1",
+            "adam_beta2",
+            "lr_warmup_iters",
+            "adam_eps",
+        ),
+        _LR,
+    ),
+    "tokenizer_type": "the tokenizer is the one saved in model.path (HF)",
+    "stage": "asp-npu always trains GRPO-style RL; the stage is implied",
+    "distributed_backend": "chosen by asp_npu.device: hccl on NPU, nccl on CUDA, gloo on CPU",
+    "no_shared_storage": "asp-npu expects model.path and data.data_path on every node",
+    "seq_length": "asp-npu sizes training sequences as max_prompt_length + max_tokens (max_model_len)",
+    "finetune": "asp-npu always starts from model.path (or actor_config.load) without optimizer state",
+    "no_load_optim": "resume semantics are asp-npu's own (trainer checkpoints hold the optimizer)",
+    "no_load_rng": "resume semantics are asp-npu's own (trainer checkpoints hold the RNG)",
+    "no_save_optim": "asp-npu checkpoints always hold the optimizer",
+    "no_save_rng": "asp-npu checkpoints always hold the RNG",
+    "num_layer_list": "uneven pipeline stages are not supported: num_layers must divide by PP",
+    "context_parallel_size": "context parallelism is not supported by the asp-npu trainer",
+    "context_parallel_algo": "context parallelism is not supported by the asp-npu trainer",
+}
+_RL_REASONS = {
+    **dict.fromkeys(
+        (
+            "actor_forward_micro_batch_size",
+            "ref_forward_micro_batch_size",
+            "reward_dispatch_size",
+            "adv_dispatch_size",
+            "actor_update_dispatch_size",
+            "actor_rollout_dispatch_size",
+            "actor_logprob_dispatch_size",
+            "ref_dispatch_size",
+            "guarantee_order",
+            "shuffle_mini_batch",
+            "shuffle_minibatch",
+            "num_cpus_for_local_task",
+            "use_remove_padding",
+        ),
+        _SCHED,
+    ),
+    **dict.fromkeys(
+        (
+            "use_wandb",
+            "wandb_project",
+            "wandb_exp_name",
+            "wandb_save_dir",
+            "use_swanlab",
+            "log_max_throughput",
+        ),
+        _LOG,
+    ),
+    "gamma": "GAE discount: GRPO group_norm advantages do not use it",
+    "lam": "GAE lambda: GRPO group_norm advantages do not use it",
+    "epochs": "asp-npu takes one optimizer pass over each minibatch",
+    **dict.fromkeys(("rule_reward", "verifier_function", "verifier_weight"), _REWARD),
+    "partial_rollout_max_split": "partial rollout is not in asp-npu; the lag bound rl_config.max_lag governs "
+    "staleness",
+    "reference_resource": "the reference model shares the trainer's NPUs in asp-npu",
+    "reward_resource": "reward models are not supported; rewards are rule-based",
+    "filter_groups_enable": "use rl_config.drop_equal_reward_groups for DAPO dynamic sampling",
+}
+_GEN_REASONS = {
+    "trust_remote_code": "asp-npu loads Qwen2/Llama-family HF folders without remote code",
+    "offload_train_optimizer": "only meaningful when rollout and training share NPUs (integrated worker)",
+    "offload_train_grad": "only meaningful when rollout and training share NPUs (integrated worker)",
+    "offload_train_param": "only meaningful when rollout and training share NPUs (integrated worker)",
+    "enable_prefix_caching": "asp-npu always enables vLLM prefix caching (samples of a prompt share it)",
+    "limit_mm_image_per_prompt": "multimodal models are not supported",
+}
+_IMPLIED_DEFAULTS = {  # MindSpeed-RL key -> value that equals asp-npu's fixed behaviour
+    "generate_config.infer_pipeline_parallel_size": 1,
+    "generate_config.infer_expert_parallel_size": 1,
+    "generate_config.sampling_config.top_k": -1,
+    "generate_config.sampling_config.min_p": 0,
+    "generate_config.sampling_config.detokenize": False,
+    "rl_config.entropy_coeff": 0,
+    "rl_config.kl_ctrl_type": "fixed",
+    "rl_config.blocking": True,
+    "rl_config.use_integrated_worker": True,
+}
+
+
+class Translation:
+    """The translated overrides plus a ledger of what happened to every input key."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, Any] = {}
+        self.mapped: list[str] = []
+        self.unmapped: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+
+    def set(self, src: str, dotted: str, value: Any) -> None:
+        node = self.out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+        if src not in self.mapped:
+            self.mapped.append(src)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.out
+        for p in dotted.split("."):
+            if not isinstance(node, dict) or p not in node:
+                return default
+            node = node[p]
+        return node
+
+    def skip(self, src: str, reason: str) -> None:
+        self.unmapped.append((src, reason))
+
+
+def _flatten(d: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        key = f"{prefix}.{k}"
+        if isinstance(v, dict) and k in ("sampling_config", "actor_resource", "integrated_mode_config"):
+            out += _flatten(v, key)
+        else:
+            out.append((key, v))
+    return out
+
+
+def _model_names(defaults: Any) -> list[str]:
+    names: list[str] = []
+    for item in defaults or []:
+        if isinstance(item, dict) and "model" in item:
+            m = item["model"]
+            names += [str(x) for x in (m if isinstance(m, list) else [m])]
+    return names
+
+
+def _arch_from_mindspeed_model(path: Path, name: str) -> dict[str, Any] | None:
+    """configs/model/<name>.yaml (MindSpeed-RL layout) -> our model.arch keys."""
+    from omegaconf import OmegaConf
+
+    f = path / f"{name}.yaml"
+    if not f.is_file():
+        return None
+    raw = OmegaConf.to_container(OmegaConf.load(f))
+    m = raw.get(name, raw) if isinstance(raw, dict) else {}
+    if not isinstance(m, dict) or "hidden_size" not in m:
+        return None
+    heads = int(m.get("num_attention_heads", 0))
+    return dict(
+        hidden_size=int(m["hidden_size"]),
+        num_layers=int(m.get("num_layers", 0)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(m.get("num_query_groups", heads))
+        if m.get("group_query_attention")
+        else heads,
+        vocab_size=int(m.get("padded_vocab_size", m.get("vocab_size", 0))),
+        intermediate_size=int(m.get("ffn_hidden_size", 0)),
+        max_position_embeddings=int(m.get("max_position_embeddings", 0)),
+        tie_word_embeddings=not bool(m.get("untie_embeddings_and_output_weights", False)),
+    )
+
+
+def card_from_name(filename: str) -> str | None:
+    """MindSpeed-RL names configs after the machine: grpo_qwen25_7b_A3.yaml, ..._A2.yaml."""
+    m = re.search(r"(?:^|_)(A2|A3)(?:_|\.|$)", Path(filename).name, re.IGNORECASE)
+    return m.group(1).lower() if m else None
+
+
+def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | None]:
+    """Map every key; returns (actor_resource.num_npus or 0, model name)."""
+    num_npus, model_name = 0, None
+    n = int(ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
+    sections = {
+        "megatron_training": _TRAINING_REASONS,
+        "actor_config": _TRAINING_REASONS,
+        "rl_config": _RL_REASONS,
+        "generate_config": _GEN_REASONS,
+    }
+    for top, body in ms.items():
+        if top == "defaults":
+            continue
+        if top not in sections or not isinstance(body, dict):
+            tr.skip(
+                top,
+                "section unknown to asp-npu (MindSpeed-RL GRPO uses megatron_training, actor_config, "
+                "rl_config, generate_config)",
+            )
+            continue
+        for key, value in _flatten(body, top):
+            leaf = key.split(".")[-1]
+            if key in _IMPLIED_DEFAULTS:
+                if value == _IMPLIED_DEFAULTS[key]:
+                    tr.mapped.append(key)
+                elif key == "rl_config.use_integrated_worker" or key == "rl_config.blocking":
+                    tr.mapped.append(key)
+                    tr.notes.append(
+                        f"{key}={value}: asp-npu's mode decides colocation and blocking (rl_config.mode)"
+                    )
+                else:
+                    tr.skip(key, f"only {_IMPLIED_DEFAULTS[key]!r} is supported (got {value!r})")
+            elif top in ("megatron_training", "actor_config") and leaf == "model":
+                model_name = str(value)
+                tr.mapped.append(key)
+            elif top in ("megatron_training", "actor_config") and leaf in _DIRECT:
+                if top == "megatron_training" and leaf in ms.get("actor_config", {}):
+                    tr.mapped.append(key)  # the actor's own value wins, as in MindSpeed-RL
+                    continue
+                tr.set(key, _DIRECT[leaf], value)
+                if leaf == "tokenizer_name_or_path":
+                    tr.set(key, "model.build_if_missing", False)
+            elif top in ("megatron_training", "actor_config") and leaf == "seed":
+                tr.set(key, "actor_config.seed", int(value))
+                tr.set(key, "data.seed", int(value))
+            elif top in ("megatron_training", "actor_config") and leaf in ("bf16", "fp16"):
+                if value:
+                    tr.set(key, "model.dtype", "bfloat16" if leaf == "bf16" else "float16")
+                else:
+                    tr.mapped.append(key)
+            elif top == "rl_config" and leaf == "num_npus":
+                num_npus = int(value)
+                tr.mapped.append(key)
+            elif top == "rl_config" and leaf in (
+                "n_samples_per_prompt",
+                "adv_estimator",
+                "kl_penalty",
+                "max_prompt_length",
+            ):
+                tr.set(key, f"rl_config.{leaf}", value)
+            elif key == "rl_config.mini_batch_size":
+                tr.set(key, "rl_config.mini_batch_size", int(value) * n)
+                tr.notes.append(
+                    f"rl_config.mini_batch_size: {value} prompts (MindSpeed-RL) = {int(value) * n} "
+                    f"samples (asp-npu counts samples)"
+                )
+            elif key == "rl_config.init_kl_coef":
+                tr.set(key, "rl_config.kl_coef", float(value))
+            elif key == "rl_config.clip_ratio":
+                tr.set(key, "rl_config.clip_ratio_low", float(value))
+                tr.set(key, "rl_config.clip_ratio_high", float(value))
+            elif key == "rl_config.use_tensorboard":
+                tr.set(
+                    key,
+                    "trainer.logger",
+                    ["console", "jsonl", "tensorboard"] if value else ["console", "jsonl"],
+                )
+            elif top == "generate_config" and leaf in (
+                "infer_tensor_parallel_size",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "gpu_memory_utilization",
+                "max_model_len",
+                "enforce_eager",
+            ):
+                tr.set(key, f"generate_config.{leaf}", value)
+            elif key == "generate_config.dtype":
+                tr.set(key, "model.dtype", str(value))
+            elif key.startswith("generate_config.sampling_config.") and leaf in (
+                "temperature",
+                "top_p",
+                "max_tokens",
+            ):
+                tr.set(key, f"generate_config.sampling_config.{leaf}", value)
+            elif key == "generate_config.sampling_config.logprobs":
+                tr.set(key, "generate_config.sampling_config.logprobs", 0)
+                tr.notes.append(
+                    "sampling_config.logprobs: asp-npu always records the sampled token's logprob "
+                    "(logprobs: 0)"
+                )
+            else:
+                reason = sections[top].get(leaf) if top in sections else None
+                tr.skip(key, reason or "no asp-npu equivalent")
+    return num_npus, model_name
+
+
+def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Translation) -> None:
+    """Split `total` NPUs between rollout instances and the trainer (or colocate them)."""
+    act, gen = base.actor_config, base.generate_config
+    tp, pp, itp = (
+        act.tensor_model_parallel_size,
+        act.pipeline_model_parallel_size,
+        gen.infer_tensor_parallel_size,
+    )
+    card = card_for(card_name)
+    per_node = min(card.npus_per_node, total)
+    nodes = math.ceil(total / per_node)
+    if mode in COLOCATED_MODES:
+        choice = (max(1, total // itp), max(1, total // (tp * pp)))
+    else:
+        candidates = []
+        for dp in range(1, total // (tp * pp) + 1):
+            instances = (total - tp * pp * dp) // itp
+            if instances < 1:
+                break
+            trial = copy.deepcopy(base)
+            trial.actor_config.data_parallel_size = dp
+            trial.generate_config.num_instances = instances
+            ok = not plan_layout(trial, nodes, per_node, card).problems
+            candidates.append((not ok, abs(tp * pp * dp - total / 2), -instances, instances, dp))
+        if not candidates:
+            raise UserError(
+                f"actor_resource.num_npus={total} cannot hold a trainer (TP{tp} x PP{pp}) plus one "
+                f"rollout instance (TP{itp}); use --mode mindspeed-sync or more NPUs"
+            )
+        candidates.sort()
+        bad, _, _, instances, dp = candidates[0]
+        choice = (instances, dp)
+        if bad:
+            tr.notes.append(
+                "no split of the NPUs passes `asp-npu check`; kept the most balanced one -- run the "
+                "check to see what to change"
+            )
+    tr.out.setdefault("generate_config", {})["num_instances"] = choice[0]
+    tr.out.setdefault("actor_config", {})["data_parallel_size"] = choice[1]
+    tr.out.setdefault("rl_config", {})["mode"] = mode
+    tr.out["trainer"] = {
+        **tr.out.get("trainer", {}),
+        "device": "npu",
+        "nnodes": nodes,
+        "n_devices_per_node": per_node,
+        "card": card.name,
+    }
+    tr.notes.append(
+        f"layout: {total} NPUs ({nodes} x {per_node} {card.name}) -> {choice[0]} rollout instances x "
+        f"TP{itp} + trainer TP{tp} x PP{pp} x DP{choice[1]}"
+        + (" (colocated)" if mode in COLOCATED_MODES else "")
+    )
+
+
+def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: str = "asp") -> Translation:
+    """MindSpeed-RL GRPO config (parsed YAML) -> Translation (our overrides + ledger)."""
+    if not isinstance(ms, dict) or not {"actor_config", "rl_config", "generate_config"} & set(ms):
+        raise UserError(
+            f"{source}: not a MindSpeed-RL GRPO config (no actor_config / rl_config / generate_config)"
+        )
+    tr = Translation()
+    num_npus, model_name = _translate_keys(ms, tr)
+    names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
+    arch = None
+    for name in names:
+        for folder in (source.parent / "model", source.parent.parent / "configs" / "model"):
+            arch = _arch_from_mindspeed_model(folder, name)
+            if arch:
+                tr.notes.append(f"model.arch from {folder / (name + '.yaml')}")
+                break
+        if arch is None and name in KNOWN_MODELS:
+            arch = KNOWN_MODELS[name]
+            tr.notes.append(f"model.arch from asp-npu's table for {name}")
+        if arch:
+            break
+    if arch:
+        tr.out.setdefault("model", {})["arch"] = dict(arch)
+    elif names:
+        tr.notes.append(
+            f"model '{names[0]}': architecture unknown; asp-npu check will read model.path/config.json"
+        )
+    tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
+    gen_in = ms.get("generate_config", {})
+    if (
+        mode not in COLOCATED_MODES
+        and "gpu_memory_utilization" in gen_in
+        and gen_in["gpu_memory_utilization"] < 0.9
+    ):
+        tr.out.setdefault("generate_config", {})["gpu_memory_utilization"] = 0.9
+        tr.notes.append(
+            f"generate_config.gpu_memory_utilization {gen_in['gpu_memory_utilization']} -> 0.9: in mode "
+            f"{mode} rollout NPUs are not shared with training, so the KV cache may take the rest"
+        )
+    card_name = card or card_from_name(str(source)) or "910b"
+    if num_npus:
+        base = _as_config(tr.out)
+        _choose_layout(base, num_npus, card_name, mode, tr)
+    else:
+        tr.notes.append("rl_config.actor_resource.num_npus missing: layout left at asp-npu defaults")
+    return tr
+
+
+def _as_config(out: dict[str, Any]) -> Config:
+    from omegaconf import OmegaConf
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(out))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except Exception as exc:
+        raise UserError(f"translated config is not valid: {str(exc).splitlines()[0]}") from None
+
+
+def render_yaml(tr: Translation, source: Path) -> str:
+    from omegaconf import OmegaConf
+
+    head = [
+        f"# Translated from MindSpeed-RL config {source} by `asp-npu import-config mindspeed-rl`.",
+        "# Check it for your cluster before queueing:  asp-npu check --config <this file>",
+    ]
+    head += [f"# note: {n}" for n in tr.notes]
+    if tr.unmapped:
+        head.append(f"# could not map {len(tr.unmapped)} key(s):")
+        head += [f"#   {k}: {why}" for k, why in tr.unmapped]
+    return "\n".join(head) + "\n" + OmegaConf.to_yaml(OmegaConf.create(tr.out))
+
+
+def main(argv: list[str]) -> int:
+    p = command_parser("import-config", "translate a MindSpeed-RL GRPO config into an asp-npu config")
+    p.add_argument("source", choices=["mindspeed-rl"], help="the config's origin")
+    p.add_argument("file", help="MindSpeed-RL YAML (e.g. configs/grpo_qwen25_7b_A3.yaml)")
+    p.add_argument("--out", required=True, help="where to write the asp-npu YAML")
+    p.add_argument(
+        "--card", default=None, help="910b | 910b4 | a2 | a3 (default: from the file name, else 910b)"
+    )
+    p.add_argument("--mode", default="asp", choices=list(MODES), help="asp-npu mode (default asp)")
+    args = p.parse_args(argv)
+    from omegaconf import OmegaConf
+
+    src = Path(args.file)
+    if not src.is_file():
+        raise UserError(f"{src}: file not found")
+    try:
+        ms = OmegaConf.to_container(OmegaConf.load(src), resolve=False)
+    except Exception as exc:
+        raise UserError(f"{src}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+    if args.card is not None:
+        try:
+            card_for(args.card)
+        except KeyError as exc:
+            raise UserError(str(exc.args[0])) from None
+    check_writable(args.out)
+    tr = translate(ms, src, args.card, args.mode)
+    text = render_yaml(tr, src)
+    atomic_write(args.out, text)
+    load_config(args.out, check=False)  # what we wrote must load
+    print(f"wrote {args.out}: mapped {len(tr.mapped)} key(s), could not map {len(tr.unmapped)}")
+    for n in tr.notes:
+        print(f"note: {n}")
+    for k, why in tr.unmapped:
+        print(f"not mapped: {k}: {why}")
+    print(f"next: asp-npu check --config {args.out}")
+    return 0

@@ -1,0 +1,167 @@
+"""Per-step training metrics: one console progress line, a JSONL file and TensorBoard events.
+
+Metric names follow MindSpeed-RL / verl so dashboards users already have keep working
+(`timing/rollout`, `timing/update`, `e2e_tps`, `vllm_tps`, `response_length/mean`,
+`trainer/idle_ratio`, `rollouter/idle_ratio`) plus the asynchronous pipeline's own
+(`async/lag_mean`, `async/lag_max`, `queue/occupancy`, `bubbles/*`, `reward/mean`).
+TensorBoard events are written with tensorboard's own event writer, so logging never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+# the names the pipeline writes every step (others, e.g. `actor/*` from the trainer, pass through)
+TIMING_ROLLOUT = "timing/rollout"  # seconds the trainer waited for this step's minibatch
+TIMING_UPDATE = "timing/update"  # seconds of the trainer step itself
+TIMING_REFRESH = "timing/weight_refresh"  # seconds of weight refresh on the critical path
+TIMING_ITERATION = "timing/iteration"  # wall seconds between the ends of consecutive trainer steps
+E2E_TPS = "e2e_tps"  # generated tokens consumed by this step / timing/iteration (whole system)
+VLLM_TPS = "vllm_tps"  # generated tokens / busy instance-seconds in the step's window (per instance)
+RESPONSE_LEN_MEAN = "response_length/mean"
+RESPONSE_LEN_MAX = "response_length/max"
+RESPONSE_LEN_MIN = "response_length/min"
+REWARD_MEAN = "reward/mean"
+LAG_MEAN = "async/lag_mean"
+LAG_MAX = "async/lag_max"
+QUEUE_OCCUPANCY = "queue/occupancy"  # samples waiting in the TrainQueue when the step took its batch
+TRAINER_IDLE = "trainer/idle_ratio"
+ROLLOUTER_IDLE = "rollouter/idle_ratio"
+BUBBLES_PREFIX = "bubbles/"
+
+CONSOLE_KEYS = (REWARD_MEAN, E2E_TPS, LAG_MEAN, LAG_MAX, QUEUE_OCCUPANCY)
+
+
+def _finite(value: Any) -> float | None:
+    """Scalars only; bools, strings, NaN and inf are not plotted (JSONL keeps what JSON can hold)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class _TensorBoard:
+    """Scalar summaries through tensorboard's EventFileWriter (no torch, no TF)."""
+
+    def __init__(self, folder: Path) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(folder))
+
+    def add(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
+        if values:
+            self._writer.add_event(
+                event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
+            )
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+def progress_line(step: int, total: int, metrics: dict[str, Any], max_lag: int | None = None) -> str:
+    """`[####......] step 3/10 | reward 0.412 | 1,234 tok/s | lag 0.50 (max 1/1) | queue 16 | 12.3s`."""
+    width = 20
+    done = min(width, round(width * step / total)) if total > 0 else 0
+    parts = [f"[{'#' * done}{'.' * (width - done)}] step {step}/{total}" if total > 0 else f"step {step}"]
+    if (r := _finite(metrics.get(REWARD_MEAN))) is not None:
+        parts.append(f"reward {r:.3f}")
+    if (tps := _finite(metrics.get(E2E_TPS))) is not None:
+        parts.append(f"{tps:,.0f} tok/s")
+    lag_mean, lag_max = _finite(metrics.get(LAG_MEAN)), _finite(metrics.get(LAG_MAX))
+    if lag_mean is not None and lag_max is not None:
+        bound = f"/{max_lag}" if max_lag is not None else ""
+        parts.append(f"lag {lag_mean:.2f} (max {lag_max:.0f}{bound})")
+    if (q := _finite(metrics.get(QUEUE_OCCUPANCY))) is not None:
+        parts.append(f"queue {q:.0f}")
+    if (it := _finite(metrics.get(TIMING_ITERATION))) is not None:
+        parts.append(f"{it:.1f}s")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Write each step's metrics to the configured sinks: `console`, `jsonl`, `tensorboard`.
+
+    `log` is called once per trainer step; JSONL lines are flushed at once so a crashed run still
+    has its curve, and `asp-npu report` can redraw from `metrics.jsonl` alone.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path | None,
+        loggers: list[str] | tuple[str, ...] = ("console", "jsonl", "tensorboard"),
+        total_steps: int = 0,
+        max_lag: int | None = None,
+        stream: TextIO | None = None,
+        prefix: str = "",
+    ) -> None:
+        unknown = sorted(set(loggers) - {"console", "jsonl", "tensorboard"})
+        if unknown:
+            raise ValueError(f"unknown logger(s) {unknown}; use console, jsonl, tensorboard")
+        self.total_steps = total_steps
+        self.max_lag = max_lag
+        self.prefix = prefix
+        self._stream = stream if stream is not None else sys.stderr
+        self._console = "console" in loggers
+        self._jsonl: TextIO | None = None
+        self._tb: _TensorBoard | None = None
+        self.history: list[dict[str, Any]] = []
+        if run_dir is not None:
+            folder = Path(run_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            if "jsonl" in loggers:
+                self._jsonl = open(folder / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+            if "tensorboard" in loggers:
+                self._tb = _TensorBoard(folder / "tensorboard")
+
+    def log(self, step: int, metrics: dict[str, Any], console: bool = True) -> None:
+        """One row to every sink; `console=False` keeps a summary row off the progress line."""
+        now = time.time()
+        row = {"step": step, "time": now, **metrics}
+        self.history.append(row)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(row, default=float, allow_nan=True) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            scalars = {k: v for k, v in ((k, _finite(v)) for k, v in metrics.items()) if v is not None}
+            self._tb.add(step, scalars, now)
+        if self._console and console:
+            line = progress_line(step, self.total_steps, metrics, self.max_lag)
+            print(f"{self.prefix}{line}", file=self._stream, flush=True)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a `metrics.jsonl` (a torn last line from a crashed run is skipped)."""
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows

@@ -1,0 +1,149 @@
+"""The one-page run report (PNG): reward curve, throughput, queue occupancy, lag histogram, bubbles.
+
+Drawn only from files in the run directory (metrics.jsonl, queue.jsonl, samples.jsonl,
+summary.json), so `asp-npu report RUN_DIR` redraws it after the run, on any machine.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from asp_npu.observe.metrics import (
+    E2E_TPS,
+    LAG_MAX,
+    LAG_MEAN,
+    QUEUE_OCCUPANCY,
+    RESPONSE_LEN_MEAN,
+    REWARD_MEAN,
+    TIMING_ITERATION,
+    VLLM_TPS,
+    read_metrics,
+)
+from asp_npu.pipeline import run_dir as rd
+
+BUBBLE_KINDS = ("utilization", "padding", "skewness", "sorting")
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            xs.append(float(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _bubbles(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
+    if isinstance(summary.get("bubbles"), dict):
+        return {k: float(v) for k, v in summary["bubbles"].items() if isinstance(v, int | float)}
+    last = rows[-1] if rows else {}
+    return {k[len("bubbles/"):]: float(v) for k, v in last.items() if k.startswith("bubbles/")}
+
+
+def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
+    """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = rd.RunDir.open(run_path)
+    rows = read_metrics(run / rd.METRICS)
+    queue = run.read_jsonl(rd.QUEUE)
+    samples = run.read_jsonl(rd.SAMPLES)
+    summary = run.read_summary()
+    title = f"{run.path.name}: mode {summary.get('mode', '?')}, max_lag {summary.get('max_lag', '?')}"
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig.suptitle(title)
+
+    ax = axes[0][0]
+    xs, ys = _series(rows, REWARD_MEAN)
+    ax.plot(xs, ys, marker="o", ms=3)
+    ax.set(title="reward (mean per trainer step)", xlabel="trainer step", ylabel="reward")
+
+    ax = axes[0][1]
+    for key, label in ((E2E_TPS, "end-to-end (consumed tokens/s)"), (VLLM_TPS, "vLLM per busy instance")):
+        xs, ys = _series(rows, key)
+        if ys:
+            ax.plot(xs, ys, marker="o", ms=3, label=label)
+    if "throughput_tokens_per_s" in summary:
+        ax.axhline(summary["throughput_tokens_per_s"], ls="--", c="gray", label="run mean (e2e)")
+    ax.set(title="throughput", xlabel="trainer step", ylabel="tokens / s")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+    ax = axes[0][2]
+    if queue:
+        t0 = queue[0]["t"]
+        ax.step([q["t"] - t0 for q in queue], [q["occupancy"] for q in queue], where="post")
+        ax.set(xlabel="seconds since start")
+    else:
+        xs, ys = _series(rows, QUEUE_OCCUPANCY)
+        ax.plot(xs, ys, marker="o", ms=3)
+        ax.set(xlabel="trainer step")
+    ax.set(title="TrainQueue occupancy", ylabel="samples waiting")
+
+    ax = axes[1][0]
+    lags = Counter(int(s["step"]) - int(s["policy_version"]) for s in samples if "step" in s)
+    if lags:
+        keys = sorted(lags)
+        ax.bar([str(k) for k in keys], [lags[k] for k in keys])
+    else:
+        xs, ys = _series(rows, LAG_MEAN)
+        ax.plot(xs, ys, label="mean")
+        xs, ys = _series(rows, LAG_MAX)
+        ax.plot(xs, ys, label="max")
+        if ys:
+            ax.legend(fontsize=8)
+    bound = summary.get("max_lag")
+    ax.set(title=f"policy lag of trained samples (bound {bound})", xlabel="lag (versions)", ylabel="samples")
+
+    ax = axes[1][1]
+    bubbles = _bubbles(summary, rows)
+    names = [k for k in BUBBLE_KINDS if k in bubbles] + sorted(set(bubbles) - set(BUBBLE_KINDS))
+    if names:
+        ax.barh(names, [bubbles[n] for n in names], color=["tab:green"] + ["tab:red"] * (len(names) - 1))
+        for i, n in enumerate(names):
+            ax.text(bubbles[n], i, f" {bubbles[n]:.1%}", va="center", fontsize=8)
+        ax.set_xlim(0, 1.15)
+    ax.set(title="rollout slot-time breakdown", xlabel="share of instance slot-seconds")
+
+    ax = axes[1][2]
+    xs, ys = _series(rows, TIMING_ITERATION)
+    ax.plot(xs, ys, marker="o", ms=3, label="iteration time (s)")
+    ax.set(title="iteration time and response length", xlabel="trainer step", ylabel="seconds")
+    xs, ys = _series(rows, RESPONSE_LEN_MEAN)
+    if ys:
+        ax2 = ax.twinx()
+        ax2.plot(xs, ys, c="tab:orange", marker="s", ms=3, label="response length (mean)")
+        ax2.set_ylabel("tokens")
+        ax2.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left")
+
+    fig.tight_layout()
+    target = Path(out) if out is not None else run / rd.REPORT
+    tmp = target.with_name(f".{target.name}.tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(target)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    from asp_npu.cli import command_parser
+
+    parser = command_parser("report", "redraw the one-page report (PNG) of a run directory")
+    parser.add_argument("run_dir", help="a run directory written by `asp-npu train` or `asp-npu bench real`")
+    parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/report.png)")
+    args = parser.parse_args(argv)
+    if args.out is not None:
+        from asp_npu.io import check_writable
+
+        check_writable(args.out)
+    path = draw_report(args.run_dir, args.out)
+    print(f"report written to {path}")
+    return 0

@@ -1,0 +1,171 @@
+"""`asp-npu bench real`: run modes one after the other with real engines and trainer, side by side.
+
+Every mode gets the same config (model, prompts, instances, trainer, minibatch, iterations) and the
+same seeds; only `rl_config.mode` changes. The warm start (if configured) runs once and every mode
+starts from the same warm-started weights. Within each seed the mode order rotates, so slow drift
+of a shared machine does not always hit the same mode. Each run keeps its full run directory
+(`<out-dir>/<mode>_s<seed>/`, with report.png); the table and `--json` give per-mode medians.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asp_npu.config import Config, load_config
+from asp_npu.errors import UserError
+from asp_npu.pipeline.modes import REAL_MODES
+from asp_npu.pipeline.preflight import preflight
+
+BASELINE = "mindspeed-sync"
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def _spread(xs: list[float]) -> float:
+    return float(statistics.pstdev(xs)) if len(xs) > 1 else 0.0
+
+
+def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -> dict[str, Any]:
+    """Per mode: medians over seeds, the mean reward curve, and the seed-to-seed reward spread."""
+    out: dict[str, Any] = {}
+    for mode, rs in runs.items():
+        curves = [r["reward_curve"] for r in rs if r["reward_curve"]]
+        n = min((len(c) for c in curves), default=0)
+        mean_curve = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+        finals = [r["final_reward"] for r in rs]
+        out[mode] = {
+            "throughput_tokens_per_s": _median([r["throughput_tokens_per_s"] for r in rs]),
+            "iteration_time_mean_s": _median([r["iteration_time_mean_s"] for r in rs]),
+            "step_time_mean_s": _median([r["step_time_mean_s"] for r in rs]),
+            "final_reward": sum(finals) / len(finals) if finals else 0.0,
+            "final_reward_spread": _spread(finals),
+            "reward_curve": mean_curve,
+            "lag_max": max((r["lag_max"] for r in rs), default=0),
+            "max_lag": rs[0]["max_lag"] if rs else 0,
+            "bubbles": {k: _median([r["bubbles"][k] for r in rs]) for k in rs[0]["bubbles"]} if rs else {},
+            "trainer_idle_ratio": _median([r["trainer_idle_ratio"] for r in rs]),
+            "rollouter_idle_ratio": _median([r["rollouter_idle_ratio"] for r in rs]),
+            "samples": rs[0]["samples"] if rs else 0,
+            "per_seed": [{k: r[k] for k in ("seed", "throughput_tokens_per_s", "iteration_time_mean_s",
+                                            "final_reward", "lag_max", "run_dir")} for r in rs],
+        }
+    base = out.get(BASELINE)
+    for mode, row in out.items():
+        if base and base["throughput_tokens_per_s"] > 0:
+            ratio = row["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
+            row["speedup_vs_mindspeed_sync"] = ratio
+        if base is not None and mode != BASELINE:
+            gap = abs(row["final_reward"] - base["final_reward"])
+            row["reward_gap_vs_sync"] = gap
+            row["reward_within_spread"] = gap <= max(row["final_reward_spread"], base["final_reward_spread"])
+    return out
+
+
+def table(agg: dict[str, Any]) -> str:
+    lines = ["| mode | tokens/s (median) | vs mindspeed-sync | iteration s | final reward (± seeds) | "
+             "lag max / bound | trainer idle | rollouter idle |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode, r in agg.items():
+        sp = r.get("speedup_vs_mindspeed_sync")
+        lines.append(
+            f"| {mode} | {r['throughput_tokens_per_s']:,.0f} | {f'{sp:.2f}x' if sp else '-'} | "
+            f"{r['iteration_time_mean_s']:.2f} | {r['final_reward']:.3f} ± {r['final_reward_spread']:.3f} | "
+            f"{r['lag_max']} / {r['max_lag']} | {r['trainer_idle_ratio']:.2f} | "
+            f"{r['rollouter_idle_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _mode_config(base: Config, mode: str, seed: int, out_dir: Path) -> Config:
+    cfg = copy.deepcopy(base)
+    cfg.rl_config.mode = mode
+    cfg.data.seed = seed
+    cfg.trainer.run_dir = str(out_dir / f"{mode}_s{seed}")
+    cfg.model.warm_start_steps = 0
+    return cfg
+
+
+def main(argv: list[str]) -> int:
+    from asp_npu.cli import command_parser
+
+    parser = command_parser("bench real", "run modes side by side with real engines and trainer")
+    parser.add_argument("--config", default=None, help="YAML config (e.g. configs/cpu_tiny.yaml)")
+    parser.add_argument("--modes", default="asp,async-fifo,mindspeed-sync",
+                        help=f"comma-separated, from {','.join(REAL_MODES)}")
+    parser.add_argument("--iterations", type=int, default=None, help="trainer.train_iters for every mode")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated data/sampling seeds (default: data.seed)")
+    parser.add_argument("--out-dir", default="runs/bench_real", help="one run directory per mode and seed")
+    parser.add_argument("--json", default=None, help="write the per-mode results here")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides for every mode")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in REAL_MODES]
+    if bad or not modes:
+        raise UserError(f"--modes: '{(bad or [''])[0]}' is not one of {', '.join(REAL_MODES)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        raise UserError(f"--seeds: '{args.seeds}' is not a comma-separated list of integers") from None
+    if args.iterations is not None and args.iterations < 1:
+        raise UserError(f"--iterations: must be >= 1 (got {args.iterations})")
+    overrides = list(args.overrides)
+    if args.iterations is not None:
+        overrides.append(f"trainer.train_iters={args.iterations}")
+    base = load_config(args.config, overrides, check=False)
+    seeds = seeds or [base.data.seed]
+    out_dir = Path(args.out_dir)
+    kind = "cpu"
+    for m in modes:  # every mode's config is checked before anything starts
+        kind = preflight(_mode_config(base, m, seeds[0], out_dir))
+    if args.json:
+        from asp_npu.io import check_writable
+
+        check_writable(args.json)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from asp_npu.pipeline.train_cli import prepare_model, train
+
+    prepare_model(base)
+    if base.model.warm_start_steps > 0:
+        from asp_npu.trainer import sft
+
+        ws = out_dir / "warm_start"
+        t0 = time.time()
+        sft.warm_start(base, out_dir=str(ws), steps=base.model.warm_start_steps)
+        print(f"warm start: {base.model.warm_start_steps} SFT steps in {time.time() - t0:.0f}s -> {ws}",
+              file=sys.stderr)
+        base.model.path = str(ws)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for k, seed in enumerate(seeds):
+        order = modes[k % len(modes):] + modes[: k % len(modes)]
+        for mode in order:
+            cfg = _mode_config(base, mode, seed, out_dir)
+            t0 = time.time()
+            summary = train(cfg, kind, console=True, label=f"{mode} s{seed}")
+            summary.update(seed=seed, run_dir=cfg.trainer.run_dir)
+            runs[mode].append(summary)
+            print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
+                  f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
+                  f"lag max {summary['lag_max']} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
+    agg = aggregate(runs)
+    print(table(agg))
+    if args.json:
+        from asp_npu.io import atomic_write_json
+
+        atomic_write_json(args.json, {"config": args.config, "overrides": overrides, "seeds": seeds,
+                                      "iterations": base.trainer.train_iters, "modes": agg}, indent=2)
+        print(f"results written to {args.json}")
+    return 0
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a `--json` file back (benchmarks and docs use it)."""
+    return json.loads(Path(path).read_text())

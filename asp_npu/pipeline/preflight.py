@@ -1,0 +1,76 @@
+"""Checks a training config against this machine before any actor, engine or process group starts.
+
+`asp_npu.config.validate` holds the hardware-independent checks (max_lag >= 0, whole groups per
+minibatch, ...); this adds what depends on the machine and the filesystem: enough cores/devices for
+the instances and trainer ranks, a model folder that exists and looks like an HF model, and a
+planning window that holds whole trainer steps. All problems are reported in one ConfigError line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asp_npu.config import Config, validate
+from asp_npu.device import DeviceKind, available_devices, detect
+from asp_npu.errors import ConfigError
+
+COLOCATED_MODES = ("mindspeed-sync", "verl-sync")
+
+
+def window_prompts(cfg: Config) -> int:
+    """Prompts per planning window (MindSpeed-RL global_batch_size; 0 = one minibatch of groups)."""
+    rl = cfg.rl_config
+    return rl.global_batch_size or max(1, rl.mini_batch_size // max(1, rl.n_samples_per_prompt))
+
+
+def device_problems(cfg: Config, kind: DeviceKind, devices_per_node: int) -> list[str]:
+    """Instances and trainer ranks against the devices (CPU: cores) the run may use."""
+    gen, act = cfg.generate_config, cfg.actor_config
+    total = devices_per_node * max(1, cfg.trainer.nnodes)
+    rollout = gen.num_instances * gen.infer_tensor_parallel_size
+    world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+    where = f"{total} {'cores' if kind == 'cpu' else kind + ' devices'}"
+    problems = []
+    if rollout > total:
+        problems.append(
+            f"generate_config.num_instances: {gen.num_instances} instances x TP "
+            f"{gen.infer_tensor_parallel_size} need {rollout} {'cores' if kind == 'cpu' else 'devices'}, "
+            f"this run has {where}"
+        )
+    if world > total:
+        problems.append(f"actor_config: trainer world size {world} (TP x PP x DP) exceeds {where}")
+    # on accelerators disaggregated modes give rollout and trainer disjoint cards; on CPU they share cores
+    if kind != "cpu" and cfg.rl_config.mode not in COLOCATED_MODES and rollout + world > total:
+        problems.append(
+            f"generate_config.num_instances: {rollout} rollout + {world} trainer devices exceed {where} "
+            f"(mode {cfg.rl_config.mode} does not colocate them)"
+        )
+    return problems
+
+
+def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
+    """Raise one ConfigError naming every problem; return the device kind the run will use."""
+    problems = validate(cfg)
+    rl = cfg.rl_config
+    model = Path(cfg.model.path)
+    if model.exists() and not (model / "config.json").is_file():
+        problems.append(f"model.path: '{cfg.model.path}' is not an HF model folder (no config.json)")
+    if rl.n_samples_per_prompt >= 1 and rl.mini_batch_size >= 1 and rl.global_batch_size:
+        samples = rl.global_batch_size * rl.n_samples_per_prompt
+        if samples % rl.mini_batch_size:
+            problems.append(
+                f"rl_config.global_batch_size: {rl.global_batch_size} prompts x {rl.n_samples_per_prompt} "
+                f"samples is not a whole number of minibatches of {rl.mini_batch_size}"
+            )
+    if rl.global_batch_size < 0:
+        problems.append(f"rl_config.global_batch_size: must be >= 0 (got {rl.global_batch_size})")
+    try:
+        kind = detect(cfg.trainer.device if cfg.trainer.device in ("auto", "cpu", "npu", "cuda") else "auto")
+    except RuntimeError as exc:
+        problems.append(f"trainer.device: {exc}")
+        kind = "cpu"
+    n = devices_per_node or cfg.trainer.n_devices_per_node or available_devices(kind)
+    problems += device_problems(cfg, kind, n)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return kind

@@ -1,0 +1,131 @@
+"""The TrainQueue as a Ray actor: rollout instances put finished groups, the controller admits and takes.
+
+A thin wrapper on the wall clock around `asp_npu.pipeline.train_queue.TrainQueue` (the exact class
+the simulator drives on its virtual clock), so admission, the lag ledger and the occupancy/lag
+metrics are the same code in both. What the wrapper adds is only what crossing processes needs:
+whole units admitted all-or-none, groups assembled from `list[Trajectory]` (the sink protocol of
+`RolloutInstance`), a waitable `get_batch`, and an arrivals log the controller polls for progress.
+
+Group ids are the instance-level prompt ids (`<prompt_id>@<epoch>`), unique within a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from asp_npu.pipeline.train_queue import TrainQueue
+from asp_npu.types import Trajectory
+
+
+class QueueService:
+    """Async Ray actor body (`ray.remote(QueueService)`); usable in-process in tests."""
+
+    def __init__(
+        self, minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo"
+    ) -> None:
+        self.queue = TrainQueue(minibatch_groups, version_groups, max_lag, order=order, clock=time.time)
+        self.group_size = group_size
+        self.arrivals: list[dict[str, Any]] = []  # one row per put group, in arrival order
+        self.handouts: list[dict[str, Any]] = []
+        self._changed: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        self._event().set()
+
+    async def capacity(self, version: int) -> int:
+        return self.queue.capacity(version)
+
+    async def admit(self, group_ids: list[str], version: int) -> bool:
+        """Admit all of `group_ids` at weights `version`, or none of them (a unit starts whole)."""
+        if self.queue.capacity(version) < len(group_ids):
+            return False
+        now = time.time()
+        for gid in group_ids:
+            self.queue.admit(gid, version, now)
+        return True
+
+    async def cancel(self, group_ids: list[str]) -> None:
+        now = time.time()
+        for gid in group_ids:
+            self.queue.cancel(gid, now)
+        self._notify()
+
+    async def put_group(self, group: list[Trajectory]) -> int:
+        """Sink protocol of RolloutInstance: one finished GRPO group (all its samples)."""
+        t = group[0]
+        gid = t.prompt_id
+        tokens = sum(x.response_len for x in group)
+        self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
+        self.arrivals.append({
+            "group": gid, "t": time.time(), "instance": t.instance, "samples": len(group), "tokens": tokens,
+            "versions": sorted({x.policy_version for x in group}), "lens": [x.response_len for x in group],
+            "prompt_len": len(t.prompt_token_ids),
+        })
+        self._notify()
+        return len(self.arrivals)
+
+    async def get_batch(self, timeout: float = 0.0, take: int | None = None) -> dict[str, Any] | None:
+        """A complete minibatch of whole groups within the lag bound, waiting up to `timeout` seconds.
+
+        Returns `{"step", "trajectories", "lags" (per group, by admitted version), "queued_before", "t"}`.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            queued_before = self.queue.n_queued
+            h = self.queue.get(take=take)
+            if h is not None:
+                trajs = [t for g in h.groups for t in g.payload]
+                row = {"step": h.step, "t": h.t, "groups": [g.group_id for g in h.groups],
+                       "queued_before": queued_before, "lags": h.lags}
+                self.handouts.append(row)
+                self._notify()
+                return {**row, "trajectories": trajs}
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ev = self._event()
+            ev.clear()
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except TimeoutError:
+                return None
+
+    async def wait_arrivals(self, since: int, timeout: float) -> list[dict[str, Any]]:
+        """Arrivals after index `since`, waiting up to `timeout` seconds for at least one."""
+        if len(self.arrivals) <= since and timeout > 0:
+            ev = self._event()
+            ev.clear()
+            try:
+                await asyncio.wait_for(ev.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.arrivals[since:]
+
+    async def state(self) -> dict[str, Any]:
+        q = self.queue
+        return {"queued": q.n_queued, "in_flight": q.n_in_flight, "consumed": q.consumed,
+                "trainer_step": q.trainer_step, "arrivals": len(self.arrivals)}
+
+    async def series(self) -> dict[str, Any]:
+        """Occupancy over time (groups), lags of handed-out groups, handouts and the queue summary."""
+        s = self.queue.stats
+        return {"t": list(s.t), "queued": list(s.queued), "in_flight": list(s.in_flight),
+                "lags": list(s.lags), "handouts": list(self.handouts), "arrivals": list(self.arrivals),
+                "summary": self.queue.summary()}
+
+
+def make_queue_actor(
+    minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo"
+) -> Any:
+    """Start the queue actor (Ray must be initialised); it takes no CPU slot of the instances/trainer."""
+    import ray
+
+    cls = ray.remote(QueueService).options(num_cpus=0, max_concurrency=1000)
+    return cls.remote(minibatch_groups, version_groups, max_lag, group_size, order)

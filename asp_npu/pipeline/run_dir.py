@@ -1,0 +1,108 @@
+"""The run directory: everything one training run leaves behind, in one documented layout.
+
+    config.yaml        the resolved config (defaults + file + overrides) the run used
+    metrics.jsonl      one row per trainer step (asp_npu.observe.metrics names)
+    tensorboard/       the same metrics as TensorBoard events
+    samples.jsonl      the consumption ledger: one row per trained sample (prompt_id, sample_idx,
+                       policy_version, step, instance, response_len, reward) - lag = step - version
+    queue.jsonl        TrainQueue occupancy over time (t, occupancy, admitted, consumed, version)
+    events.jsonl       the event log the bubble accounting reads (instances, queue, trainer)
+    plans/             the RolloutPlan of each planning window (asp-plan/1 JSON)
+    timeline.json      Perfetto / Chrome trace of instances, queue and trainer
+    summary.json       run totals (throughput, iteration time, lag, bubbles, planned vs done)
+    checkpoints/       trainer checkpoints
+    report.png         the one-page report (`asp-npu report RUN_DIR` redraws it)
+
+Only these names are ever deleted when a run directory is reused, so a user's own files survive.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from asp_npu.errors import UserError
+from asp_npu.io import atomic_write, atomic_write_json, atomic_write_lines
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+SAMPLES = "samples.jsonl"
+QUEUE = "queue.jsonl"
+EVENTS = "events.jsonl"
+PLANS = "plans"
+TIMELINE = "timeline.json"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+REPORT = "report.png"
+OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT)
+
+
+class RunDir:
+    """Paths and writers of one run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @classmethod
+    def create(cls, path: str | Path, config_yaml: str, keep_checkpoints: bool = False) -> RunDir:
+        """Make (or reuse) the folder, clear what a previous run left in our layout, snapshot the config."""
+        run = cls(path)
+        if run.path.exists() and not run.path.is_dir():
+            raise UserError(f"trainer.run_dir: {run.path} exists and is not a folder")
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"trainer.run_dir: cannot create {run.path} ({exc.strerror})") from None
+        for name in OWNED:
+            if keep_checkpoints and name == CHECKPOINTS:
+                continue
+            target = run.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        (run.path / PLANS).mkdir()
+        (run.path / CHECKPOINTS).mkdir(exist_ok=True)
+        atomic_write(run.path / CONFIG, config_yaml)
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        """An existing run directory (for `asp-npu report`): it must at least hold metrics.jsonl."""
+        run = cls(path)
+        if not run.path.is_dir():
+            raise UserError(f"{run.path}: no such run directory")
+        if not (run.path / METRICS).is_file():
+            raise UserError(f"{run.path}: not a run directory (no {METRICS})")
+        return run
+
+    def write_jsonl(self, name: str, rows: list[dict[str, Any]]) -> Path:
+        return atomic_write_lines(self.path / name, [json.dumps(r) for r in rows])
+
+    def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        p = self.path / name
+        if not p.is_file():
+            return []
+        with open(p, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        return atomic_write_json(self.path / SUMMARY, summary, indent=2)
+
+    def read_summary(self) -> dict[str, Any]:
+        p = self.path / SUMMARY
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def plans(self) -> Path:
+        return self.path / PLANS

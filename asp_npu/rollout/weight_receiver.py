@@ -1,0 +1,89 @@
+"""vLLM worker extension that loads new weights in place (the receiving end of a weight_refresh).
+
+Why a worker extension: tensors sent through `collective_rpc` arrive as nested lists, and calling
+`model.load_weights` directly breaks on backends that repack linear weights (vLLM CPU does). So
+the trainer's state dict (HF parameter names) travels as one safetensors blob and the worker feeds
+it to vLLM's own `reload_weights(..., is_checkpoint_format=True)`, which handles name mapping,
+q/k/v and gate/up fusion and any repacking. The caller must then reset the prefix cache, or KV
+blocks computed with the old weights are reused.
+
+This module is imported inside vLLM's worker process; it must stay import-light.
+"""
+
+from __future__ import annotations
+
+import time
+
+EXTENSION_CLS = "asp_npu.rollout.weight_receiver.WeightReceiver"
+
+
+class WeightReceiver:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
+
+    def load_safetensors_bytes(self, blob: bytes) -> float:
+        """Load HF-named weights from a safetensors blob in place; returns seconds spent."""
+        from safetensors.torch import load
+
+        t0 = time.perf_counter()
+        weights = list(load(bytes(blob)).items())
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return time.perf_counter() - t0
+
+    def cpu_affinity(self) -> list[int]:
+        """Cores this worker's threads may run on (union over threads): checks per-instance pinning."""
+        import os
+
+        cores: set[int] = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                cores |= os.sched_getaffinity(int(tid))
+            except OSError:
+                continue
+        return sorted(cores)
+
+    # -- collective weight_refresh (asp_npu.rollout.weight_transport.CollectiveTransport) ---------
+
+    def join_weight_group(self, host: str, port: int, world_size: int, rank_offset: int, backend: str) -> int:
+        """Join the trainer's broadcast group as rank `rank_offset` + this worker's TP rank.
+
+        Must run while trainer rank 0 creates its end (the group forms when all ranks arrive)."""
+        from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
+
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        device = str(getattr(self, "device", "cpu"))
+        spec = GroupSpec(host, port, world_size, backend)
+        self._asp_weight_group = CollectiveTransport(spec, rank, device=device)
+        return rank
+
+    def receive_weights_collective(self) -> tuple[int, float, float, int]:
+        """Block for the next broadcast refresh and load it in place.
+
+        Returns (version, seconds receiving, seconds loading, bytes). The caller resets the prefix cache."""
+        group = getattr(self, "_asp_weight_group", None)
+        if group is None:
+            raise RuntimeError("receive_weights_collective: call join_weight_group first")
+        version, weights = group.receive()
+        t0 = time.perf_counter()
+        reload = self.reload_weights  # type: ignore[attr-defined]
+        reload(weights_iterator=list(with_tied_head(self, weights).items()), is_checkpoint_format=True)
+        stats = group.history[-1]
+        return version, stats.seconds, time.perf_counter() - t0, stats.nbytes
+
+    def leave_weight_group(self) -> None:
+        group = getattr(self, "_asp_weight_group", None)
+        if group is not None:
+            group.close()
+            self._asp_weight_group = None
+
+
+def with_tied_head(worker: object, weights: dict) -> dict:
+    """Add `lm_head.weight` = the new embedding when the model ties them and the sender left it out
+    (HF state dicts of tied models omit it). vLLM's CPU backend repacks the lm_head matmul weight
+    separately, so reloading only `model.embed_tokens.weight` would keep generating with the old head."""
+    if "lm_head.weight" in weights or "model.embed_tokens.weight" not in weights:
+        return weights
+    vllm_config = getattr(worker, "vllm_config", None)
+    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    if not getattr(hf_config, "tie_word_embeddings", False):
+        return weights
+    return {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}

@@ -1,0 +1,101 @@
+"""`asp-npu plan`: plan every sample of one epoch of a trace, predicting from earlier epochs only."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from asp_npu.cli import command_parser
+from asp_npu.data.traces import Trace, group_table, read_trace
+from asp_npu.errors import UserError
+from asp_npu.io import check_writable
+from asp_npu.predict.evaluate import predict_epoch
+from asp_npu.predict.factory import PREDICTORS
+from asp_npu.schedule.baselines import fifo_plan, random_plan
+from asp_npu.schedule.cost import CostModel
+from asp_npu.schedule.plan import Groups
+from asp_npu.schedule.planner import PlannerConfig, plan
+
+DISPATCH = {"asp": plan, "fifo": fifo_plan, "random": random_plan}
+
+
+def groups_for_epoch(trace: Trace, epoch: int, predictor: str) -> Groups:
+    """The epoch's GRPO groups with predictions from epochs < `epoch` (the oracle reads `epoch`)."""
+    cur, _, est = predict_epoch(trace, epoch, predictor)
+    codes, rows, _ = group_table(cur)  # codes ascending, same order as the estimates
+    return Groups(
+        prompt_ids=trace.prompt_names[codes],
+        sample_idxs=cur.sample_idx[rows],
+        mean=est.mean,
+        q50=est.q50,
+        q90=est.q90,
+        prompt_lens=cur.prompt_len[rows[:, 0]],
+    )
+
+
+def main(argv: list[str]) -> int:
+    t_start = time.perf_counter()
+    p = command_parser("plan", "Plan one epoch of a length trace with the offline ASP planner.")
+    p.add_argument("--trace", required=True, help="JSONL trace (asp-npu trace synth)")
+    p.add_argument("--epoch", type=int, required=True, help="epoch to plan; predictions use earlier epochs")
+    p.add_argument("--instances", type=int, required=True, help="rollout instances K")
+    p.add_argument("--minibatch", type=int, required=True, help="samples per trainer step (whole groups)")
+    p.add_argument("--predictor", default="history", choices=list(PREDICTORS))
+    p.add_argument("--dispatch", default="asp", choices=list(DISPATCH), help="asp, or a baseline")
+    p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequence slots per instance")
+    p.add_argument("--train-step-s", type=float, default=0.0, help="trainer seconds per minibatch")
+    p.add_argument("--cost-a", type=float, default=CostModel.a, help="seconds per decode step")
+    p.add_argument("--cost-b", type=float, default=CostModel.b, help="seconds per sequence per step")
+    p.add_argument("--cost-c", type=float, default=CostModel.c, help="seconds per KV token per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write the plan (asp-plan/1 JSON) here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = p.parse_args(argv)
+    if args.instances < 1:
+        raise UserError(f"--instances must be >= 1 (got {args.instances})")
+    if args.minibatch < 1:
+        raise UserError(f"--minibatch must be >= 1 (got {args.minibatch})")
+    if args.epoch < 0:
+        raise UserError(f"--epoch must be >= 0 (got {args.epoch})")
+    if args.max_lag < 0:
+        raise UserError(f"--max-lag must be >= 0 (got {args.max_lag})")
+    if args.max_num_seqs < 1:
+        raise UserError(f"--max-num-seqs must be >= 1 (got {args.max_num_seqs})")
+    if args.train_step_s < 0:
+        raise UserError(f"--train-step-s must be >= 0 (got {args.train_step_s})")
+    try:
+        cost = CostModel(args.cost_a, args.cost_b, args.cost_c)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.out:
+        check_writable(args.out)  # before any work: never plan for minutes and then fail to write
+    trace = read_trace(args.trace)
+    epoch_rows = trace.epoch_rows(args.epoch)
+    _, _, n = group_table(epoch_rows)
+    if args.minibatch % n:
+        raise UserError(f"--minibatch {args.minibatch} is not a multiple of the group size {n}")
+    groups = groups_for_epoch(trace, args.epoch, args.predictor)
+    cfg = PlannerConfig(
+        num_instances=args.instances,
+        minibatch=args.minibatch,
+        group_size=n,
+        max_num_seqs=args.max_num_seqs,
+        max_lag=args.max_lag,
+        train_step_s=args.train_step_s,
+        cost=cost,
+        seed=args.seed,
+    )
+    result = DISPATCH[args.dispatch](groups, cfg)
+    result.summary.update(predictor=args.predictor, epoch=args.epoch, trace=str(args.trace))
+    if args.out:
+        result.write_json(args.out)
+    result.summary["command_seconds"] = round(time.perf_counter() - t_start, 3)
+    s = result.summary
+    print(json.dumps(s) if args.json else " ".join(f"{k}={v}" for k, v in s.items()))
+    return 0
+
+
+__all__ = ["main", "groups_for_epoch", "np"]

@@ -1,0 +1,284 @@
+"""The ASP planner: one offline pass of padding -> skewness -> sorting, then a lag-bounded timeline.
+
+`plan(groups, cfg)` is the one entry point (the simulator, the pipeline controller and `asp-npu plan`
+call it). The lag-bound definition it guarantees is in `asp_npu.schedule` (package docstring) and is
+checked independently by `check_lag_bound`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asp_npu.schedule.cost import CostModel, group_kv_token_steps
+from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
+from asp_npu.schedule.plan import Groups, RolloutPlan
+from asp_npu.schedule.skewness import balance
+from asp_npu.schedule.sorting import ORDERINGS, instance_orders
+from asp_npu.schedule.timeline import timeline
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    num_instances: int
+    minibatch: int  # samples per trainer step (whole groups)
+    group_size: int
+    max_num_seqs: int = 256  # concurrent sequence slots per instance
+    max_lag: int = 1  # policy-lag bound in weight versions (0 = synchronous)
+    train_step_s: float = 0.0  # trainer seconds per minibatch (estimate; 0 = instant)
+    cost: CostModel = field(default_factory=CostModel)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.num_instances < 1:
+            raise ValueError(f"num_instances must be >= 1 (got {self.num_instances})")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1 (got {self.group_size})")
+        if self.minibatch < 1 or self.minibatch % self.group_size:
+            raise ValueError(
+                f"minibatch {self.minibatch} is not a positive multiple of the group size {self.group_size}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0 (got {self.max_lag})")
+        if self.train_step_s < 0:
+            raise ValueError(f"train_step_s must be >= 0 (got {self.train_step_s})")
+
+
+@dataclass
+class UnitTable:
+    """Units before timing: groups (in unit order), offsets, predicted seconds, instance, order."""
+
+    group_order: np.ndarray  # group ids, unit by unit
+    offsets: np.ndarray  # (u+1,) into group_order
+    seconds: np.ndarray  # (u,)
+    sizes: np.ndarray  # (u,) samples
+    last_unit: int  # the remainder unit admitted after all others (-1 if none)
+
+
+def unit_costs(
+    groups: Groups, group_order: np.ndarray, offsets: np.ndarray, cfg: PlannerConfig
+) -> np.ndarray:
+    """Predicted seconds of each unit under the cost model (q90 of a group stands for its longest)."""
+    n = groups.group_size
+    starts = offsets[:-1]
+    longest = np.maximum.reduceat(groups.q90[group_order], starts)
+    tokens = np.add.reduceat(groups.mean[group_order], starts) * n
+    kv = 0.0
+    if cfg.cost.c > 0:
+        pl = None if groups.prompt_lens is None else groups.prompt_lens[group_order]
+        kv = np.add.reduceat(group_kv_token_steps(groups.mean[group_order], pl, n), starts)
+    return cfg.cost.unit_seconds(longest, tokens, cfg.max_num_seqs, kv)
+
+
+def make_units(groups: Groups, cfg: PlannerConfig, order: np.ndarray) -> UnitTable:
+    """Cut `order` (group ids) into units of `groups_per_unit` groups; the remainder unit goes last."""
+    c = groups_per_unit(cfg.minibatch, cfg.group_size, cfg.max_num_seqs, len(groups), cfg.num_instances)
+    group_order, offsets = cut_units(order, c)
+    sizes = np.diff(offsets) * cfg.group_size
+    last = int(sizes.size - 1) if sizes.size and sizes[-1] != c * cfg.group_size else -1
+    return UnitTable(group_order, offsets, unit_costs(groups, group_order, offsets, cfg), sizes, last)
+
+
+def check_lag_bound(plan: RolloutPlan, cfg: PlannerConfig) -> list[str]:
+    """Independent check that a finished plan respects the lag bound; returns violations (empty = ok).
+
+    Uses only the plan's own columns (unit start/finish/target step, trainer step ends), not the
+    planner's bookkeeping: (1) admission: samples of all units started at or before a unit's start
+    fit `(max_lag + version + 1) * M`, version = trainer steps ended by then; (2) lag: every unit's
+    target step minus its start version is at most `max_lag`; (3) causality: a unit finishes before
+    its target step starts, steps do not overlap, and steps 0..j consume at most (j+1)*M samples.
+    """
+    problems: list[str] = []
+    M, L, T = cfg.minibatch, cfg.max_lag, cfg.train_step_s
+    sizes = plan.unit_sizes
+    ends = np.asarray(plan.trainer_step_end, dtype=np.float64)
+    order = np.lexsort((np.arange(plan.num_units), plan.unit_start))
+    starts = plan.unit_start[order]
+    cum = np.cumsum(sizes[order])
+    admitted = cum[np.searchsorted(starts, starts, side="right") - 1]  # simultaneous starts count together
+    versions = np.searchsorted(ends, starts, side="right")
+    bound = (L + versions + 1) * M
+    for i in np.flatnonzero(admitted > bound)[:5]:
+        problems.append(
+            f"unit {int(order[i])} starts at {starts[i]:.4g}s with {int(admitted[i])} samples "
+            f"admitted > {int(bound[i])}"
+        )
+    ver = np.empty(plan.num_units, dtype=np.int64)
+    ver[order] = versions
+    lag = plan.unit_target_step - ver
+    for u in np.flatnonzero((lag > L) | (lag < 0))[:5]:
+        problems.append(
+            f"unit {int(u)}: target step {int(plan.unit_target_step[u])} - version {int(ver[u])} "
+            f"outside [0, {L}]"
+        )
+    if plan.num_units and (plan.unit_target_step.max() >= ends.size or plan.unit_target_step.min() < 0):
+        problems.append("a unit targets a trainer step that does not exist")
+        return problems
+    step_start = ends - T
+    late = plan.unit_finish > step_start[plan.unit_target_step] + 1e-9 * np.maximum(1.0, plan.unit_finish)
+    for u in np.flatnonzero(late)[:5]:
+        problems.append(
+            f"unit {int(u)} finishes after its target step {int(plan.unit_target_step[u])} starts"
+        )
+    if ends.size > 1 and np.any(step_start[1:] < ends[:-1] - 1e-9 * np.maximum(1.0, ends[:-1])):
+        problems.append("trainer steps overlap")
+    per_step = np.bincount(plan.unit_target_step, weights=sizes, minlength=ends.size)
+    if np.any(np.cumsum(per_step) > (np.arange(ends.size) + 1) * M):
+        # a unit is counted at its last step, so cumulative counts may only lag behind the minibatches
+        problems.append("more samples consumed by a step than minibatches allow")
+    return problems
+
+
+# ----------------------------------------------------------------------------------------- assembly
+
+
+def assemble(
+    groups: Groups,
+    cfg: PlannerConfig,
+    units: UnitTable,
+    assign: np.ndarray,
+    instance_order: list[list[int]],
+    dispatch: str,
+    t0: float,
+) -> RolloutPlan:
+    """Time the plan, renumber units by planned start, and lay out the columnar RolloutPlan."""
+    tl = timeline(
+        instance_order,
+        units.seconds,
+        units.sizes,
+        cfg.minibatch,
+        cfg.max_lag,
+        cfg.train_step_s,
+        units.last_unit,
+    )
+    u_count = units.seconds.size
+    renum = np.lexsort((assign, tl.start))  # new id -> old id
+    n = groups.group_size
+    g_counts = np.diff(units.offsets)[renum]
+    g_rows = (
+        np.concatenate([units.group_order[units.offsets[u] : units.offsets[u + 1]] for u in renum])
+        if u_count
+        else np.array([], dtype=np.int64)
+    )
+    sample_group = np.repeat(g_rows, n)
+    sample_idx = groups.sample_idxs[g_rows].ravel()
+    pred = np.maximum(1, np.rint(groups.mean[g_rows])).astype(np.int64)
+    plan = RolloutPlan(
+        group_prompt_ids=groups.prompt_ids,
+        sample_group=sample_group,
+        sample_idx=sample_idx,
+        sample_predicted_len=np.repeat(pred, n),
+        unit_offsets=np.r_[0, np.cumsum(g_counts * n)].astype(np.int64),
+        unit_instance=assign[renum].astype(np.int64),
+        unit_start=tl.start[renum],
+        unit_finish=tl.finish[renum],
+        unit_target_step=tl.target_step[renum],
+        num_instances=cfg.num_instances,
+        trainer_step_end=tl.step_end,
+    )
+    loads = (
+        np.bincount(assign, weights=units.seconds, minlength=cfg.num_instances) if u_count else np.zeros(1)
+    )
+    makespan = float(tl.finish.max()) if u_count else 0.0
+    lower = float(max(units.seconds.sum() / cfg.num_instances, units.seconds.max())) if u_count else 0.0
+    lag = tl.target_step - tl.version
+    plan.summary = {
+        "dispatch": dispatch,
+        "samples": groups.num_samples,
+        "groups": len(groups),
+        "instances": cfg.num_instances,
+        "units": int(u_count),
+        "unit_samples": int(units.sizes.max()) if u_count else 0,
+        "group_size": n,
+        "minibatch": cfg.minibatch,
+        "max_lag": cfg.max_lag,
+        "predicted_makespan": round(makespan, 4),
+        "lower_bound": round(lower, 4),
+        "makespan_ratio": round(makespan / lower, 4) if lower > 0 else 1.0,
+        "predicted_load_imbalance": round(float(loads.max() / loads.mean() - 1), 5)
+        if loads.mean() > 0
+        else 0.0,
+        "trainer_steps": int(tl.step_end.size),
+        "predicted_trainer_end": round(float(tl.step_end[-1]), 4) if tl.step_end.size else 0.0,
+        "admission_wait_s": round(tl.admission_wait_s, 4),
+        "trainer_idle_s": round(tl.trainer_idle_s, 4),
+        "max_planned_lag": int(lag.max()) if u_count else 0,
+        "mean_planned_lag": round(float(np.average(lag, weights=units.sizes)), 4) if u_count else 0.0,
+        "seed": cfg.seed,
+        "plan_seconds": round(time.perf_counter() - t0, 4),
+    }
+    return plan
+
+
+MAX_UNITS_FOR_SEARCH = 20_000  # above this, one timeline costs ~0.2 s: use the first ordering only
+
+
+def orderings(num_units: int) -> tuple[str, ...]:
+    return ORDERINGS if num_units <= MAX_UNITS_FOR_SEARCH else ORDERINGS[:1]
+
+
+def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
+    cfg.validate()
+    if len(groups) == 0:
+        raise ValueError("no groups to plan")
+    if groups.group_size != cfg.group_size:
+        raise ValueError(f"groups hold {groups.group_size} samples, config says group_size={cfg.group_size}")
+
+
+def plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan:
+    """Plan every sample of `groups` on `cfg.num_instances` instances (padding, skewness, sorting)."""
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    check_inputs(groups, cfg)
+    # padding: length-homogeneous units, cut from the longest end (remainder = shortest, runs last)
+    units = make_units(groups, cfg, length_order(groups.mean, cfg.seed))
+    # skewness: balance predicted seconds across instances; the remainder unit is placed after
+    movable = np.ones(units.seconds.size, dtype=bool)
+    if units.last_unit >= 0:
+        movable[units.last_unit] = False
+    assign = np.zeros(units.seconds.size, dtype=np.int64)
+    ids = np.flatnonzero(movable)
+    assign[ids] = balance(units.seconds[ids], cfg.num_instances)
+    if units.last_unit >= 0:
+        loads = np.bincount(assign[ids], weights=units.seconds[ids], minlength=cfg.num_instances)
+        assign[units.last_unit] = int(np.argmin(loads))
+    # sorting: candidate orders (remainder unit last), each timed under the lag rule on the
+    # predicted costs; keep the one whose last trainer step ends first
+    mine = [np.flatnonzero((assign == k) & movable) for k in range(cfg.num_instances)]
+    candidates: dict[str, list[list[int]]] = {}
+    for name in orderings(units.seconds.size):
+        orders = instance_orders(name, [units.seconds[m] for m in mine], [units.sizes[m] for m in mine])
+        instance_order = []
+        for k in range(cfg.num_instances):
+            order = mine[k][orders[k]].tolist()
+            if units.last_unit >= 0 and assign[units.last_unit] == k:
+                order.append(units.last_unit)
+            instance_order.append(order)
+        candidates[name] = instance_order
+    scores = {}
+    if len(candidates) > 1:
+        for name, instance_order in candidates.items():
+            tl = timeline(
+                instance_order,
+                units.seconds,
+                units.sizes,
+                cfg.minibatch,
+                cfg.max_lag,
+                cfg.train_step_s,
+                units.last_unit,
+            )
+            scores[name] = (float(tl.step_end[-1]) if tl.step_end.size else 0.0, float(tl.finish.max()))
+        best = min(candidates, key=lambda n: (*scores[n], list(candidates).index(n)))
+    else:
+        best = next(iter(candidates))
+    instance_order = candidates[best]
+    plan_ = assemble(groups, cfg, units, assign, instance_order, "asp", t0)
+    plan_.summary["ordering"] = best
+    plan_.summary["ordering_scores"] = {n: round(v[0], 3) for n, v in scores.items()}
+    plan_.summary["plan_seconds"] = round(time.perf_counter() - t0, 4)
+    plan_.summary["plan_cpu_seconds"] = round(time.process_time() - c0, 4)
+    return plan_

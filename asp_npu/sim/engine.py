@@ -1,0 +1,539 @@
+"""The discrete-event loop: K continuous-batching instances, a trainer, the real TrainQueue, a virtual clock.
+
+Nothing steps single tokens. An instance's batch is constant between its events, so the time to its
+next sequence completion is closed-form (`cost.decode_seconds`); admissions, weight refreshes and
+colocated switches happen at step boundaries (`cost.steps_to_reach`). Events are (time, kind,
+instance, tag); a tag change invalidates an instance's stale completion event.
+
+What differs between modes is data, not code paths (`ModeSpec` in `asp_npu.sim.modes`): where an
+instance gets its next work (a static per-instance list -- contiguous shares, round-robin or the ASP
+plan -- or a global FIFO it pulls from), whether it runs one unit at a time or streams, the lag
+bound and refresh period, a rollout barrier per iteration, colocated switching, and the trainer's
+padding model. Admission and lag always go through `asp_npu.pipeline.train_queue.TrainQueue`, and
+the run is recorded in an `asp_npu.observe.events.EventLog` for the one bubble accounting.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asp_npu.observe.events import EventLog
+from asp_npu.pipeline.train_queue import TrainQueue
+from asp_npu.sim.cost import SimCost, decode_seconds, steps_to_reach, train_seconds
+from asp_npu.sim.workload import Workload
+
+_INST, _REFRESH_DONE, _TRAIN_END, _TRAINER_FREE = range(4)
+
+# A work source returns, for (iteration, instance), the ordered units (lists of group ids).
+UnitSource = Callable[[int], list[list[list[int]]]]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulated run: the mode's behaviour plus the layout it gets."""
+
+    mode: str
+    colocated: bool
+    instances: int
+    slots: int  # max_num_seqs per instance
+    instance_devices: int  # inference TP
+    trainer_devices: int
+    minibatch_groups: int  # groups per trainer step
+    version_groups: int  # groups consumed per weights version (refresh)
+    max_lag: int
+    pull: bool = False  # instances pull units from one global FIFO (else: per-instance lists)
+    steal: bool = False  # per-instance lists: an instance out of work takes undispatched units of others
+    preempt: bool = False  # colocated: training may start while sequences run (suspended, resumed later)
+    unit_exec: bool = False  # one unit at a time per instance (else: stream into free slots)
+    barrier: bool = False  # iteration i+1 is dispatched only after iteration i is fully generated
+    trainer_padded: bool = False
+    order: str = "fifo"  # TrainQueue handout order within a deadline
+    devices: int = 0  # physical devices of the job (for the accounting check)
+
+
+class WorkPool:
+    """Units not dispatched yet, per window (iteration or planning window).
+
+    Static sources keep one deque per instance; `pull` keeps one global deque. An instance takes
+    its own next unit from the oldest window that has one; with `steal`, an instance whose own list
+    is empty in the oldest unfinished window takes the last (shortest-planned) unit of the instance
+    with the most left there -- the controller re-binds units not yet sent, never running ones.
+    """
+
+    def __init__(
+        self,
+        instances: int,
+        pull: bool,
+        steal: bool,
+        units_for: UnitSource,
+        available: Callable[[int], bool],
+        n_windows: int,
+    ) -> None:
+        self.instances, self.pull, self.steal = instances, pull, steal
+        self.units_for, self.available, self.n_windows = units_for, available, n_windows
+        self.windows: dict[int, list[deque]] = {}
+        self.left: dict[int, int] = {}
+        self.next_window = 0
+
+    def _materialize_next(self) -> bool:
+        if not self.available(self.next_window):
+            return False
+        it = self.next_window
+        self.next_window += 1
+        per = self.units_for(it)
+        total = sum(len(u) for u in per)
+        if total:
+            self.windows[it] = [deque(u) for u in per]
+            self.left[it] = total
+        return True
+
+    def peek(self, i: int) -> tuple[int, list[int], deque, bool] | None:
+        """(window, unit, its deque, from the right end) of the unit instance i should take, or None."""
+        while True:
+            for it in sorted(self.windows):
+                qs = self.windows[it]
+                if self.pull:
+                    return it, qs[0][0], qs[0], False
+                if qs[i]:
+                    return it, qs[i][0], qs[i], False
+                if self.steal:
+                    k = max(range(len(qs)), key=lambda j: len(qs[j]))
+                    return it, qs[k][-1], qs[k], True
+            if not self._materialize_next():
+                return None
+
+    def pop(self, ref: tuple[int, list[int], deque, bool]) -> None:
+        it, _, q, right = ref
+        q.pop() if right else q.popleft()
+        self.left[it] -= 1
+        if not self.left[it]:
+            del self.left[it], self.windows[it]
+
+
+@dataclass
+class _Instance:
+    idx: int
+    slots: int
+    t: float = 0.0  # time of the current step boundary
+    step: int = 0
+    kv: float = 0.0
+    n: int = 0
+    heap: list = field(default_factory=list)  # (finish_step, sample)
+    waiting: deque = field(default_factory=deque)  # admitted samples without a slot
+    cur: deque = field(default_factory=deque)  # stream mode: groups of the current unit not yet admitted
+    cur_iter: int = -1
+    version: int = 0
+    pending_version: int = 0
+    loading_version: int = 0
+    paused: bool = False
+    lent: bool = False
+    tag: int = 0
+    target: int = 0  # step of the scheduled event
+    state: str = ""
+    logged: tuple = ()
+    unit_left: int = 0  # unit mode: samples of the running unit not finished
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    log: EventLog
+    queue: TrainQueue
+    iteration_ends: list[float]
+    tokens_generated: int
+    samples_consumed: int
+    tokens_consumed: int
+    wall_s: float
+    lags: list[int]
+
+
+class Simulation:
+    """Run `workload` under `spec` and `cost`; `units_for(it)` lays out iteration `it`'s work."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        workload: Workload,
+        cost: SimCost,
+        units_for: UnitSource,
+        on_group_done: Callable[[int], None] | None = None,
+        n_windows: int | None = None,
+    ) -> None:
+        self.spec, self.w, self.cost = spec, workload, cost
+        self.units_for = units_for
+        self.on_group_done = on_group_done
+        n = workload.group_size
+        self.n = n
+        self.resp = workload.response_len.ravel().tolist()
+        self.prompt = np.repeat(workload.prompt_len, n).tolist()
+        self.group_left = [n] * workload.num_groups
+        self.group_tokens = workload.response_len.sum(axis=1).tolist()
+        self.group_iter = workload.iteration.tolist()
+        self.iter_left = np.bincount(workload.iteration, minlength=workload.num_iterations).tolist()
+        self.n_iter = workload.num_iterations
+        self.queue = TrainQueue(spec.minibatch_groups, spec.version_groups, spec.max_lag, order=spec.order)
+        self.log = EventLog(
+            devices=spec.devices, trainer_devices=spec.trainer_devices, colocated=spec.colocated
+        )
+        self.inst = [_Instance(i, spec.slots) for i in range(spec.instances)]
+        for _ in self.inst:
+            self.log.add_instance(spec.instance_devices, spec.slots)
+        self.events: list = []
+        self.seq = 0
+        self.pool = WorkPool(
+            spec.instances,
+            spec.pull,
+            spec.steal,
+            units_for,
+            self._iter_available,
+            n_windows or workload.num_iterations,
+        )
+        self.trainer_busy = False
+        self.trainer_state = ""
+        self.version = 0  # published weights version
+        self.iteration_ends: list[float] = []
+        self.tokens = 0
+        self.samples_consumed = 0
+        self.tokens_consumed = 0
+        self.sample_unit: dict[int, int] = {}
+        self.unit_info: dict[int, list] = {}
+        self.next_unit_id = 0
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _push(self, t: float, kind: int, i: int = -1, tag: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, i, tag))
+
+    def _log_inst(self, inst: _Instance, state: str) -> None:
+        key = (inst.n, state)
+        if key != inst.logged:
+            self.log.instance_state(inst.t, inst.idx, inst.n, state)
+            inst.logged = key
+        inst.state = state
+
+    def _log_trainer(self, t: float, state: str, useful: float = 1.0) -> None:
+        self.log.trainer_state(t, state, useful)
+        self.trainer_state = state
+
+    def _iter_available(self, it: int) -> bool:
+        """Window `it` may be dispatched (with a barrier: only once the previous one is fully generated)."""
+        if it >= self.pool.n_windows:
+            return False
+        return not self.spec.barrier or it == 0 or self.iter_left[it - 1] == 0
+
+    # ----------------------------------------------------------------------------------- instance
+    def _advance(self, inst: _Instance, k: int) -> None:
+        """Run k decode steps, then retire every sequence that has finished."""
+        if k > 0:
+            inst.t += decode_seconds(self.cost, k, inst.n, inst.kv)
+            inst.step += k
+            inst.kv += inst.n * k
+            self.tokens += inst.n * k
+        heap = inst.heap
+        while heap and heap[0][0] <= inst.step:
+            _, s = heapq.heappop(heap)
+            inst.n -= 1
+            inst.kv -= self.prompt[s] + self.resp[s]
+            self._sample_done(inst, s)
+
+    def _sample_done(self, inst: _Instance, s: int) -> None:
+        uid = self.sample_unit.pop(s)
+        info = self.unit_info[uid]
+        info[3] -= 1
+        if info[3] == 0:
+            self.log.unit(info[0], info[1], info[2], inst.t, info[4])
+            del self.unit_info[uid]
+            if self.spec.unit_exec:
+                inst.unit_left = 0
+        g = s // self.n
+        self.group_left[g] -= 1
+        if self.group_left[g] == 0:
+            self.queue.put(g, samples=self.n, tokens=self.group_tokens[g], now=inst.t)
+            self.log.queue(inst.t, self.queue.n_queued, self.queue.n_in_flight)
+            it = self.group_iter[g]
+            self.iter_left[it] -= 1
+            if self.on_group_done is not None:
+                self.on_group_done(g)
+            if self.iter_left[it] == 0 and self.spec.barrier:
+                self._wake_all(inst.t, exclude=inst.idx)
+            self._try_train(inst.t)
+
+    def _admit_groups(self, inst: _Instance, it: int, groups: list[int]) -> None:
+        uid = self.next_unit_id
+        self.next_unit_id += 1
+        samples = [g * self.n + j for g in groups for j in range(self.n)]
+        self.unit_info[uid] = [inst.idx, f"it{it}", inst.t, len(samples), len(samples)]
+        for g in groups:
+            self.queue.admit(g, inst.version, now=inst.t)
+        for s in samples:
+            self.sample_unit[s] = uid
+        inst.waiting.extend(samples)
+        if self.spec.unit_exec:
+            inst.unit_left = len(samples)
+        self.log.queue(inst.t, self.queue.n_queued, self.queue.n_in_flight)
+
+    def _fill(self, inst: _Instance) -> None:
+        """At a step boundary: start waiting samples, take more work if allowed, log the state."""
+        if inst.paused or inst.lent:
+            return
+        spec = self.spec
+        state = "run"
+        prefill = 0.0
+        while True:
+            while inst.n < inst.slots and inst.waiting:
+                s = inst.waiting.popleft()
+                heapq.heappush(inst.heap, (inst.step + self.resp[s], s))
+                inst.n += 1
+                inst.kv += self.prompt[s]
+                prefill += self.prompt[s]
+            if inst.n >= inst.slots:
+                break
+            if spec.unit_exec and inst.unit_left > 0:
+                break  # the unit's stragglers run; the next unit waits (padding)
+            if not inst.cur:
+                ref = self.pool.peek(inst.idx)
+                if ref is None:
+                    state = "drained"  # nothing left (or the next iteration waits for the barrier)
+                    break
+                it, unit = ref[0], ref[1]
+                if spec.unit_exec:
+                    if self.queue.capacity(inst.version) < len(unit):
+                        state = "blocked"
+                        break
+                    self.pool.pop(ref)
+                    self._admit_groups(inst, it, list(unit))
+                    continue
+                self.pool.pop(ref)
+                inst.cur = deque(unit)
+                inst.cur_iter = it
+            if self.queue.capacity(inst.version) < 1:
+                state = "blocked"
+                break
+            self._admit_groups(inst, inst.cur_iter, [inst.cur.popleft()])
+        self._log_inst(inst, state)
+        if prefill:
+            inst.t += prefill * self.cost.prefill_s_per_token
+        self._schedule(inst)
+
+    def _schedule(self, inst: _Instance) -> None:
+        inst.tag += 1
+        if inst.n == 0:
+            return
+        k = inst.heap[0][0] - inst.step
+        inst.target = inst.step + k
+        self._push(inst.t + decode_seconds(self.cost, k, inst.n, inst.kv), _INST, inst.idx, inst.tag)
+
+    def _wake(self, inst: _Instance, t: float) -> None:
+        """Bring an instance to its first step boundary at or after t (to admit, pause or lend)."""
+        if inst.paused or inst.lent:
+            return
+        if inst.n == 0:
+            inst.t = max(inst.t, t)
+            self._at_boundary(inst)
+            return
+        if inst.n >= inst.slots and inst.pending_version <= inst.version:
+            return  # full and nothing to do: its next completion will look again
+        k_done = inst.heap[0][0] - inst.step
+        k = min(k_done, steps_to_reach(self.cost, t - inst.t, inst.n, inst.kv))
+        if inst.target - inst.step <= k and self._has_pending(inst):
+            return  # already due at or before that boundary
+        inst.tag += 1
+        inst.target = inst.step + k
+        self._push(inst.t + decode_seconds(self.cost, k, inst.n, inst.kv), _INST, inst.idx, inst.tag)
+
+    def _has_pending(self, inst: _Instance) -> bool:
+        return inst.n > 0 and inst.target > inst.step
+
+    def _wake_all(self, t: float, exclude: int = -1) -> None:
+        for inst in self.inst:
+            if inst.idx != exclude and inst.state in ("blocked", "drained"):
+                self._wake(inst, t)
+
+    def _at_boundary(self, inst: _Instance) -> None:
+        if inst.pending_version > inst.version and not self.spec.colocated:
+            self._pause(inst)
+            return
+        self._fill(inst)
+
+    def _pause(self, inst: _Instance) -> None:
+        inst.paused = True
+        inst.loading_version = inst.pending_version
+        self._log_inst(inst, "paused")
+        inst.t += self.cost.refresh_s
+        inst.tag += 1
+        self._push(inst.t, _REFRESH_DONE, inst.idx, inst.tag)
+
+    # ------------------------------------------------------------------------------------ trainer
+    def _try_train(self, t: float) -> None:
+        if self.trainer_busy:
+            return
+        h = self.queue.get(now=t)
+        if h is None:
+            if not self.spec.colocated and self.trainer_state != "wait":
+                self._log_trainer(t, "wait")
+            return
+        self.log.queue(t, self.queue.n_queued, self.queue.n_in_flight)
+        groups = [g.group_id for g in h.groups]
+        if self.spec.trainer_padded:  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
+            groups.sort()
+        seq_tokens = (self.w.response_len[groups] + self.w.prompt_len[groups, None]).ravel()
+        self.samples_consumed += len(groups) * self.n
+        self.tokens_consumed += h.tokens
+        secs, useful = train_seconds(
+            self.cost, seq_tokens, self.spec.trainer_devices, self.spec.trainer_padded
+        )
+        self.trainer_busy = True
+        end_of_version = self.queue.consumed % self.spec.version_groups == 0
+        if self.spec.colocated:
+            for inst in self.inst:
+                if inst.n and not self.spec.preempt:
+                    raise AssertionError("colocated switch with sequences still running")
+                if inst.n and inst.t < t:
+                    self._suspend(inst, t)
+            t = max(
+                [t] + [inst.t for inst in self.inst]
+            )  # every instance at a boundary (or done re-prefilling)
+            for inst in self.inst:
+                inst.t = t
+                inst.lent = True
+                inst.tag += 1  # its pending completion event is void until it resumes
+                self._log_inst(inst, "lent")
+            t1 = t + self.cost.to_train_s
+            self._log_trainer(t, "paused")
+            self._log_trainer(t1, "busy", useful)
+            t2 = t1 + secs
+            t3 = t2 + (self.cost.to_infer_s if end_of_version else 0.0)
+            if t3 > t2:
+                self._log_trainer(t2, "paused")
+            self._push(t3, _TRAIN_END, -1, int(end_of_version))
+        else:
+            self._log_trainer(t, "busy", useful)
+            self._push(t + secs, _TRAIN_END, -1, int(end_of_version))
+
+    def _suspend(self, inst: _Instance, t: float) -> None:
+        """Colocated preemption: keep the whole steps done by t; the partial step is lost (redone later)."""
+        k = steps_to_reach(self.cost, t - inst.t, inst.n, inst.kv)
+        if k and decode_seconds(self.cost, k, inst.n, inst.kv) > t - inst.t + 1e-12:
+            k -= 1
+        self._advance(inst, min(k, inst.heap[0][0] - inst.step))
+
+    def _resume_cost(self, inst: _Instance) -> float:
+        """Partial rollout resumes by re-prefilling prompt + generated tokens (verl/vLLM free the KV)."""
+        tokens = sum(self.prompt[s] + self.resp[s] - (f - inst.step) for f, s in inst.heap)
+        return tokens * self.cost.prefill_s_per_token
+
+    def _train_end(self, t: float, end_of_version: bool) -> None:
+        if end_of_version:
+            self.version += 1
+            self.log.version(t, self.version)
+        if self.spec.colocated:
+            self.trainer_busy = False
+            self._log_trainer(t, "lent")
+            self._mark_iteration(t)
+            for inst in self.inst:
+                inst.lent = False
+                inst.t = t
+                if inst.n:
+                    self._log_inst(inst, "paused")
+                    inst.t += self._resume_cost(inst)
+                if end_of_version:
+                    inst.version = inst.pending_version = self.version
+                inst.logged = ()
+            for inst in self.inst:
+                self._fill(inst)
+            self._try_train_colocated(t)
+            return
+        if end_of_version and self.cost.refresh_s > 0:
+            self._log_trainer(t, "paused")
+            for inst in self.inst:
+                inst.pending_version = self.version
+                self._wake(inst, t) if inst.n else self._wake_idle_refresh(inst, t)
+            self._push(t + self.cost.refresh_s, _TRAINER_FREE)
+            return
+        if end_of_version:
+            for inst in self.inst:
+                inst.version = inst.pending_version = self.version
+        self._trainer_free(t)
+
+    def _wake_idle_refresh(self, inst: _Instance, t: float) -> None:
+        if inst.paused:
+            return
+        inst.t = max(inst.t, t)
+        self._pause(inst)
+
+    def _try_train_colocated(self, t: float) -> None:
+        if self.queue.ready():
+            self._try_train(t)
+
+    def _trainer_free(self, t: float) -> None:
+        self.trainer_busy = False
+        self._mark_iteration(t)
+        self.trainer_state = ""
+        self._try_train(t)
+        self._wake_all(t)
+
+    def _mark_iteration(self, t: float) -> None:
+        per_iter = self.w.prompts_per_iteration
+        while (len(self.iteration_ends) + 1) * per_iter <= self.queue.consumed:
+            self.iteration_ends.append(t)
+            self.log.iteration(t)
+
+    # --------------------------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        t0 = 0.0
+        if self.spec.colocated:
+            self._log_trainer(t0, "lent")
+        else:
+            self._log_trainer(t0, "wait")
+        self.log.version(t0, 0)
+        for inst in self.inst:
+            self._fill(inst)
+        events = self.events
+        while events:
+            t, _, kind, i, tag = heapq.heappop(events)
+            if kind == _INST:
+                inst = self.inst[i]
+                if tag != inst.tag:
+                    continue
+                self._advance(inst, inst.target - inst.step)
+                self._at_boundary(inst)
+            elif kind == _REFRESH_DONE:
+                inst = self.inst[i]
+                if tag != inst.tag:
+                    continue
+                inst.paused = False
+                inst.version = inst.loading_version
+                inst.logged = ()
+                self._at_boundary(inst)
+            elif kind == _TRAIN_END:
+                self._train_end(t, bool(tag))
+            elif kind == _TRAINER_FREE:
+                self._trainer_free(t)
+        total_groups = self.w.num_groups
+        if self.queue.consumed != total_groups:
+            raise RuntimeError(
+                f"{self.spec.mode}: simulation stalled with {self.queue.consumed}/{total_groups} groups "
+                "consumed "
+                f"({self.queue.n_in_flight} in flight, {self.queue.n_queued} queued)"
+            )
+        end = self.iteration_ends[-1] if self.iteration_ends else 0.0
+        # close every track at the end so the accounting spans the same window
+        for inst in self.inst:
+            inst.t = max(inst.t, end)
+        self.log.meta.update({"mode": self.spec.mode, "t_end": end})
+        return RunResult(
+            self.spec,
+            self.log,
+            self.queue,
+            self.iteration_ends,
+            self.tokens,
+            self.samples_consumed,
+            self.tokens_consumed,
+            end,
+            list(self.queue.stats.lags),
+        )

@@ -1,0 +1,191 @@
+"""The six modes (ARCHITECTURE.md section 7) as data, the device-split rule, and each mode's work source.
+
+- `mindspeed-sync`: colocated on all devices; each DP instance gets a contiguous share of the batch;
+  lag 0 (refresh per iteration, paying resharding + offload/onload both ways); trainer with fixed
+  micro-batches padded to their longest sequence, samples dealt to DP ranks in order.
+- `verl-sync`: colocated; requests spread evenly over the servers (round robin); lag 0 with the same
+  switch costs; trainer with `balance_batch` (Karmarkar-Karp) + dynamic batch size.
+- `one-step-off`: split rule; round robin batch by batch (the next batch starts when the previous
+  one is generated); lag 1 iteration, one refresh per iteration; balanced trainer.
+- `async-fifo`: split rule; one global FIFO pulled group by group whenever a slot frees; the
+  preset's `max_lag`; balanced trainer. ASP's architecture without its plan.
+- `sortedrl`: colocated on all devices, oversubscribed FIFO rollout; as soon as the shortest finished
+  groups form an update group the rollout is preempted, the trainer updates (shortest first) and the
+  unfinished sequences resume (partial rollout, re-prefilled) with the new weights; the off-policy
+  cache bound is the same staleness budget in samples as the other asynchronous modes.
+- `asp`: split rule; per-iteration plan from the real planner and predictor, streamed in plan order,
+  undispatched units re-bound to idle instances; the preset's `max_lag`; balanced trainer.
+
+Every mode gets the same devices and the same prompts. Disaggregated modes all use one split rule
+(`split_devices`): the instance count that balances predicted rollout and training throughput.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from asp_npu.sim.cost import SimCost
+from asp_npu.sim.engine import RunSpec
+from asp_npu.sim.preset import Preset
+from asp_npu.sim.workload import Workload
+
+MODES = ("mindspeed-sync", "verl-sync", "one-step-off", "async-fifo", "sortedrl", "asp")
+BASELINES = ("mindspeed-sync", "verl-sync", "one-step-off", "async-fifo", "sortedrl")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    colocated: bool
+    dispatch: str  # chunk | round_robin | pull | plan
+    sync_lag: (
+        int | None
+    )  # lag in whole iterations (sync / one-step-off); None -> preset max_lag per minibatch
+    barrier: bool
+    trainer_padded: bool
+    order: str = "fifo"
+    preempt: bool = False
+
+
+SPECS: dict[str, ModeSpec] = {
+    "mindspeed-sync": ModeSpec("mindspeed-sync", True, "chunk", 0, True, True),
+    "verl-sync": ModeSpec("verl-sync", True, "round_robin", 0, True, False),
+    "one-step-off": ModeSpec("one-step-off", False, "round_robin", 1, True, False),
+    "async-fifo": ModeSpec("async-fifo", False, "pull", None, False, False),
+    "sortedrl": ModeSpec("sortedrl", True, "pull", None, False, False, "shortest", preempt=True),
+    "asp": ModeSpec("asp", False, "plan", None, False, False),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    devices: int
+    instances: int
+    instance_devices: int
+    trainer_devices: int
+
+
+def predicted_stage_seconds(
+    preset: Preset, workload: Workload, instances: int, trainer_devices: int
+) -> tuple[float, float]:
+    """(rollout seconds, training seconds) per iteration from mean lengths, ignoring tails.
+
+    Rollout: the iteration's samples spread over the instances, each decoding at the batch size it
+    then holds (capped by `max_num_seqs`); training: all sequence tokens at `train_s_per_token`.
+    """
+    c: SimCost = preset.cost
+    per_iter = workload.prompts_per_iteration * workload.group_size
+    mean_resp = float(workload.response_len.mean())
+    mean_prompt = float(workload.prompt_len.mean())
+    batch = max(1.0, min(preset.cluster.max_num_seqs, per_iter / instances))
+    step = c.decode_a + c.decode_b * batch + c.decode_c * batch * (mean_prompt + mean_resp / 2)
+    rollout = per_iter * mean_resp / (instances * batch / step)
+    train = per_iter * (mean_prompt + mean_resp) * c.train_s_per_token / trainer_devices
+    return rollout, train
+
+
+def candidate_splits(preset: Preset, devices: int | None = None) -> list[Layout]:
+    """Every split with at least `min_trainer_devices` trainer devices in whole trainer ranks (TP x PP)."""
+    cl = preset.cluster
+    devices = devices or cl.devices
+    dp = preset.cost.train_dp_devices
+    out = []
+    for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1):
+        t_dev = devices - k * cl.infer_tp
+        if t_dev % dp == 0 or t_dev < dp:
+            out.append(Layout(devices, k, cl.infer_tp, t_dev))
+    if not out:  # no split fits whole ranks: allow partial ranks rather than fail
+        out = [
+            Layout(devices, k, cl.infer_tp, devices - k * cl.infer_tp)
+            for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1)
+        ]
+    return out
+
+
+def split_devices(preset: Preset, workload: Workload, devices: int | None = None) -> Layout:
+    """The one split rule of every disaggregated mode: minimise max(rollout, training) predicted time."""
+    best: tuple[float, Layout] | None = None
+    for lay in candidate_splits(preset, devices):
+        r, tr = predicted_stage_seconds(preset, workload, lay.instances, lay.trainer_devices)
+        score = max(r, tr)
+        if best is None or score < best[0] - 1e-12:
+            best = (score, lay)
+    assert best is not None  # validate() guarantees one instance + the minimum trainer fit
+    return best[1]
+
+
+def colocated_layout(preset: Preset, devices: int | None = None) -> Layout:
+    devices = devices or preset.cluster.devices
+    return Layout(devices, max(1, devices // preset.cluster.infer_tp), preset.cluster.infer_tp, devices)
+
+
+def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | None = None) -> Layout:
+    """Layout of `mode`; with `instances` (scaling sweep) disaggregated modes get exactly that many
+    instances plus the fixed sweep trainer, and colocated modes get the same number of devices."""
+    cl = preset.cluster
+    if instances is None:
+        return colocated_layout(preset) if SPECS[mode].colocated else split_devices(preset, workload)
+    devices = instances * cl.infer_tp + cl.sweep_trainer_devices
+    if SPECS[mode].colocated:
+        return colocated_layout(preset, devices)
+    return Layout(devices, instances, cl.infer_tp, cl.sweep_trainer_devices)
+
+
+def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> RunSpec:
+    ms = SPECS[mode]
+    per_iter = workload.prompts_per_iteration
+    if ms.sync_lag is not None:
+        mb = version = per_iter
+        lag = ms.sync_lag
+    else:
+        mb = preset.rl.mini_batch_size // workload.group_size
+        k = preset.rl.sync_every_minibatches
+        if ms.preempt:  # colocated: the rollout uses new weights after every update group
+            version, lag = mb, (preset.rl.max_lag + 1) * k - 1  # the same staleness budget in samples
+        else:
+            version, lag = mb * k, preset.rl.max_lag
+    return RunSpec(
+        mode=mode,
+        colocated=ms.colocated,
+        instances=layout.instances,
+        slots=preset.cluster.max_num_seqs,
+        instance_devices=layout.instance_devices,
+        trainer_devices=layout.trainer_devices,
+        minibatch_groups=mb,
+        version_groups=version,
+        max_lag=lag,
+        pull=ms.dispatch == "pull",
+        steal=ms.dispatch == "plan",
+        unit_exec=ms.dispatch in ("plan", "pull") and not ms.colocated and preset.rl.executor == "unit",
+        barrier=ms.barrier,
+        trainer_padded=ms.trainer_padded,
+        order=ms.order,
+        preempt=ms.preempt,
+        devices=layout.devices,
+    )
+
+
+def static_source(workload: Workload, instances: int, how: str) -> Callable[[int], list[list[list[int]]]]:
+    """Per-instance work of one iteration: `chunk` = contiguous shares, `round_robin` = dealt in turn."""
+
+    def units_for(it: int) -> list[list[list[int]]]:
+        g = workload.iteration_groups(it)
+        if how == "chunk":
+            parts = np.array_split(g, instances)
+        else:
+            parts = [g[k::instances] for k in range(instances)]
+        return [[p.tolist()] if len(p) else [] for p in parts]
+
+    return units_for
+
+
+def pull_source(workload: Workload) -> Callable[[int], list[list[list[int]]]]:
+    """One global FIFO of single groups in data-loader order (slot [0] of the returned list)."""
+
+    def units_for(it: int) -> list[list[list[int]]]:
+        return [[[int(g)] for g in workload.iteration_groups(it)]]
+
+    return units_for

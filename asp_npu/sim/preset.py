@@ -1,0 +1,257 @@
+"""Simulator presets: YAML files under configs/sim/ (or any path), validated into a `Preset`.
+
+A preset names the cluster (devices, inference TP, slots), the workload (a trace file or the
+synthetic generator's knobs), the RL batch shape (prompts per iteration, samples per prompt,
+minibatch, lag bound) and the cost numbers. Every number's public source is in docs/simulator.md
+and, briefly, in the YAML's `sources:` map. The `cpu` preset reads a calibration file written by
+`asp-npu calibrate` (`cost_from: calib.json`); fields that are null there fall back to the preset's
+own numbers, and the preset records which ones it used (`Preset.notes`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from asp_npu.errors import UserError
+from asp_npu.sim.cost import SimCost
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
+CALIB_SCHEMA = "asp-calib/1"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    devices: int = 32  # physical accelerators of the job
+    infer_tp: int = 2  # devices per rollout instance
+    max_num_seqs: int = 256  # concurrent sequence slots per instance
+    min_trainer_devices: int = 8  # smallest trainer that holds the model + optimizer (disaggregated)
+    sweep_trainer_devices: int = 16  # trainer size held fixed in the --instances sweep
+    split: str = "rule"  # disaggregated device split: rule (balance predicted stages) | search (simulate all)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    prompts_per_iteration: int = 128  # global batch in prompts (GRPO groups)
+    n_samples_per_prompt: int = 8
+    iterations: int = 50
+    trace: str | None = None  # JSONL trace; None -> synthetic generator with `synth`
+    synth: dict[str, Any] = field(default_factory=dict)  # asp_npu.data.traces.SynthParams fields
+    seed: int = 0  # data-loader shuffle
+
+
+@dataclass(frozen=True)
+class RLSpec:
+    mini_batch_size: int = 256  # samples per trainer step in the asynchronous modes
+    max_lag: int = 2  # policy-lag bound (weight versions) of the asynchronous modes
+    sync_every_minibatches: int = 1  # trainer steps per weight refresh (verl trigger_parameter_sync_step)
+    predictor: str = "history"  # ASP's length predictor
+    # how ASP's architecture (asp and async-fifo alike) runs dispatch units on an instance:
+    # stream = submitted ahead into vLLM's queue, filling slots as they free (continuous batching);
+    # unit = one blocking generate call per unit, the next unit when it has ended (MindSpeed-RL style)
+    executor: str = "stream"
+    plan_window: int = 1  # iterations ASP plans together (one offline pass per window)
+
+
+@dataclass
+class Preset:
+    name: str
+    cluster: Cluster
+    workload: WorkloadSpec
+    rl: RLSpec
+    cost: SimCost
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    path: str = ""
+
+    def describe(self) -> dict[str, Any]:
+
+        return {
+            "name": self.name,
+            "path": self.path,
+            "cluster": asdict(self.cluster),
+            "workload": asdict(self.workload),
+            "rl": asdict(self.rl),
+            "cost": asdict(self.cost),
+            "notes": list(self.notes),
+        }
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise UserError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(known)})")
+    out = {}
+    for k, v in data.items():
+        default = getattr(cls(), k)
+        if isinstance(default, bool) or v is None or isinstance(default, dict) or default is None:
+            out[k] = v
+        elif isinstance(default, int) and not isinstance(v, bool) and isinstance(v, int):
+            out[k] = v
+        elif isinstance(default, float) and not isinstance(v, bool) and isinstance(v, (int, float)):
+            out[k] = float(v)
+        elif isinstance(default, str) and isinstance(v, str):
+            out[k] = v
+        else:
+            raise UserError(f"{where}.{k}: expected {type(default).__name__}, got {v!r}")
+    return cls(**out)
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A preset name (configs/sim/<name>.yaml) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not p.is_file():
+            raise UserError(f"{name_or_path}: preset file not found")
+        return p
+    q = PRESET_DIR / f"{name_or_path}.yaml"
+    if not q.is_file():
+        have = ", ".join(sorted(x.stem for x in PRESET_DIR.glob("*.yaml")))
+        raise UserError(f"unknown preset '{name_or_path}' (have: {have}; or give a path to a YAML file)")
+    return q
+
+
+def load_preset(
+    name_or_path: str,
+    iterations: int | None = None,
+    trace: str | None = None,
+    calib: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Preset:
+    """Load and validate a preset; `iterations` / `trace` / `calib` override the file (CLI flags).
+
+    A relative `cost_from` is looked up in the working directory first, then next to the preset.
+    """
+    import yaml
+
+    path = resolve_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level")
+    allowed = {"name", "description", "cluster", "workload", "rl", "cost", "cost_from", "sources"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise UserError(f"{path}: unknown key '{unknown[0]}' (known: {', '.join(sorted(allowed))})")
+    cluster = _build(Cluster, data.get("cluster"), f"{path}: cluster")
+    workload = _build(WorkloadSpec, data.get("workload"), f"{path}: workload")
+    rl = _build(RLSpec, data.get("rl"), f"{path}: rl")
+    cost = _build(SimCost, data.get("cost"), f"{path}: cost")
+    notes: list[str] = []
+    source = calib or data.get("cost_from")
+    if source:
+        cpath = Path(str(source))
+        if not cpath.is_absolute() and not cpath.exists() and (path.parent / cpath).exists():
+            cpath = path.parent / cpath
+        cost, notes = apply_calibration(cost, cpath)
+    if overrides:
+        rl = _build(RLSpec, {**asdict(rl), **overrides}, "override")
+    if iterations is not None:
+        workload = replace(workload, iterations=iterations)
+    if trace is not None:
+        workload = replace(workload, trace=trace)
+    elif workload.trace and not Path(workload.trace).is_absolute():
+        rel = path.parent / workload.trace
+        if rel.exists():
+            workload = replace(workload, trace=str(rel))
+    preset = Preset(
+        str(data.get("name", path.stem)),
+        cluster,
+        workload,
+        rl,
+        cost,
+        {str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+        notes,
+        str(path),
+    )
+    problems = validate(preset)
+    if problems:
+        raise UserError(f"{path}: " + "; ".join(problems))
+    return preset
+
+
+def validate(p: Preset) -> list[str]:
+    bad = list(p.cost.validate())
+    c, w, r = p.cluster, p.workload, p.rl
+    for name in ("devices", "infer_tp", "max_num_seqs", "min_trainer_devices", "sweep_trainer_devices"):
+        if getattr(c, name) < 1:
+            bad.append(f"cluster.{name} must be >= 1 (got {getattr(c, name)})")
+    if c.split not in ("rule", "search"):
+        bad.append(f"cluster.split must be rule|search (got {c.split!r})")
+    if c.devices < c.infer_tp + c.min_trainer_devices:
+        bad.append(
+            f"cluster.devices ({c.devices}) cannot hold one instance (infer_tp={c.infer_tp}) and "
+            f"a trainer of min_trainer_devices={c.min_trainer_devices}"
+        )
+    for name in ("prompts_per_iteration", "n_samples_per_prompt", "iterations"):
+        if getattr(w, name) < 1:
+            bad.append(f"workload.{name} must be >= 1 (got {getattr(w, name)})")
+    if r.max_lag < 0:
+        bad.append(f"rl.max_lag must be >= 0 (got {r.max_lag})")
+    n = w.n_samples_per_prompt
+    if r.mini_batch_size < n or r.mini_batch_size % n:
+        bad.append(f"rl.mini_batch_size ({r.mini_batch_size}) must hold whole groups of {n}")
+    elif (w.prompts_per_iteration * n) % r.mini_batch_size:
+        bad.append(
+            f"rl.mini_batch_size ({r.mini_batch_size}) must divide the iteration "
+            f"({w.prompts_per_iteration} x {n} samples)"
+        )
+    if r.sync_every_minibatches < 1:
+        bad.append(f"rl.sync_every_minibatches must be >= 1 (got {r.sync_every_minibatches})")
+    elif (
+        r.mini_batch_size >= n
+        and not r.mini_batch_size % n
+        and (w.prompts_per_iteration * n) % (r.mini_batch_size * r.sync_every_minibatches)
+    ):
+        bad.append("rl.mini_batch_size x rl.sync_every_minibatches must divide the iteration")
+    if r.plan_window < 1:
+        bad.append(f"rl.plan_window must be >= 1 (got {r.plan_window})")
+    if r.executor not in ("stream", "unit"):
+        bad.append(f"rl.executor must be stream|unit (got {r.executor!r})")
+    if r.predictor not in ("history", "prompt-len", "oracle"):
+        bad.append(f"rl.predictor must be history|prompt-len|oracle (got {r.predictor!r})")
+    if w.trace is not None and not Path(w.trace).is_file():
+        bad.append(f"workload.trace: {w.trace} not found")
+    return bad
+
+
+def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
+    """Overlay an `asp-calib/1` file on `cost`; null fields keep the preset's default (and say so)."""
+    if not path.is_file():
+        raise UserError(f"{path}: calibration file not found (run `asp-npu calibrate --out {path}` first)")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: malformed JSON ({exc.msg})") from None
+    if not isinstance(d, dict) or d.get("schema") != CALIB_SCHEMA:
+        raise UserError(f"{path}: not an {CALIB_SCHEMA} calibration file")
+    notes = [f"calibration: {path} (model {d.get('model', '?')})"]
+    upd: dict[str, float] = {}
+    step = d.get("decode_step_s") or {}
+    if not isinstance(step, dict):
+        raise UserError(f"{path}: decode_step_s must be an object")
+    for key, attr in (("a", "decode_a"), ("b_per_seq", "decode_b"), ("c_per_kv_token", "decode_c")):
+        _take(step.get(key), attr, f"decode_step_s.{key}", upd, notes, cost, path)
+    _take(d.get("prefill_s_per_token"), "prefill_s_per_token", "prefill_s_per_token", upd, notes, cost, path)
+    _take(d.get("refresh_s"), "refresh_s", "refresh_s", upd, notes, cost, path)
+    _take(d.get("trainer_s_per_token"), "train_s_per_token", "trainer_s_per_token", upd, notes, cost, path)
+    return replace(cost, **upd), notes
+
+
+def _take(v: Any, attr: str, key: str, upd: dict, notes: list[str], cost: SimCost, path: Path) -> None:
+    if v is None:
+        notes.append(f"{key}: not measured in {path.name}; preset default {getattr(cost, attr)} used")
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise UserError(f"{path}: {key} must be a number >= 0 (got {v!r})")
+    upd[attr] = float(v)

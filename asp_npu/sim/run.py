@@ -1,0 +1,171 @@
+"""Run modes on a preset and turn each run into the metrics the CLI and the JSON report print."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from asp_npu.data.traces import SynthParams, read_trace, synth_trace
+from asp_npu.errors import UserError
+from asp_npu.observe.bubbles import account
+from asp_npu.sim.engine import RunResult, Simulation
+from asp_npu.sim.modes import (
+    MODES,
+    SPECS,
+    Layout,
+    candidate_splits,
+    layout_for,
+    pull_source,
+    run_spec,
+    static_source,
+)
+from asp_npu.sim.planned import FifoUnitSource, PlannedSource
+from asp_npu.sim.preset import Preset
+from asp_npu.sim.workload import Workload, from_trace
+
+
+def build_workload(preset: Preset) -> Workload:
+    """The prompts every mode sees: the preset's trace, or its synthetic generator."""
+    w = preset.workload
+    if w.trace:
+        trace = read_trace(w.trace)
+    else:
+        known = set(SynthParams.__dataclass_fields__)
+        bad = sorted(set(w.synth) - known)
+        if bad:
+            raise UserError(f"{preset.path}: workload.synth: unknown key '{bad[0]}'")
+        params = SynthParams(**{"n": w.n_samples_per_prompt, **w.synth})
+        trace = synth_trace(params)
+    wl = from_trace(trace, w.prompts_per_iteration, w.iterations, seed=w.seed)
+    if wl.group_size != w.n_samples_per_prompt:
+        raise UserError(
+            f"{wl.source}: groups hold {wl.group_size} samples, preset says "
+            f"n_samples_per_prompt={w.n_samples_per_prompt}"
+        )
+    return wl
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    layout: Layout
+    result: RunResult
+    metrics: dict[str, Any]
+    sim_seconds: float
+
+
+def simulate(preset: Preset, workload: Workload, mode: str, instances: int | None = None) -> ModeRun:
+    """Simulate one mode (optionally at a fixed instance count) and compute its metrics.
+
+    With `cluster.split: search` a disaggregated mode runs every candidate split and keeps its best
+    (the same search for every mode); `split: rule` uses `split_devices` directly.
+    """
+    if mode not in SPECS:
+        raise UserError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
+    if instances is None and not SPECS[mode].colocated and preset.cluster.split == "search":
+        t0 = time.perf_counter()
+        tried = [simulate_layout(preset, workload, mode, lay) for lay in candidate_splits(preset)]
+        best = max(tried, key=lambda r: r.metrics["throughput_tokens_per_s"])
+        best.metrics["split_search"] = {
+            f"{r.layout.instances}x{r.layout.instance_devices}+{r.layout.trainer_devices}T": round(
+                r.metrics["throughput_tokens_per_s"], 1
+            )
+            for r in tried
+        }
+        best.sim_seconds = time.perf_counter() - t0
+        return best
+    return simulate_layout(preset, workload, mode, layout_for(mode, preset, workload, instances))
+
+
+def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layout) -> ModeRun:
+    """Simulate one mode on a given device layout."""
+    t0 = time.perf_counter()
+    spec = run_spec(mode, preset, workload, layout)
+    on_done = None
+    n_windows = None
+    dispatch = SPECS[mode].dispatch
+    if dispatch == "plan":
+        src = PlannedSource(
+            workload,
+            preset.cost,
+            layout.instances,
+            preset.cluster.max_num_seqs,
+            spec.version_groups * workload.group_size,
+            spec.max_lag,
+            layout.trainer_devices,
+            preset.rl.predictor,
+            seed=preset.workload.seed,
+            window=preset.rl.plan_window,
+        )
+        units_for, on_done, n_windows = src, src.observe, src.n_windows
+    elif dispatch == "pull" and spec.unit_exec:
+        fsrc = FifoUnitSource(
+            workload,
+            layout.instances,
+            preset.cluster.max_num_seqs,
+            spec.version_groups * workload.group_size,
+            spec.max_lag,
+            window=preset.rl.plan_window,
+        )
+        units_for, n_windows = fsrc, fsrc.n_windows
+    elif dispatch == "pull":
+        units_for = pull_source(workload)
+    else:
+        units_for = static_source(workload, layout.instances, dispatch)
+    res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
+    elapsed = time.perf_counter() - t0
+    return ModeRun(mode, layout, res, metrics(res, workload), elapsed)
+
+
+def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
+    ends = np.asarray(res.iteration_ends)
+    it = np.diff(np.r_[0.0, ends])
+    wall = res.wall_s
+    b = account(res.log, 0.0, wall)
+    q = res.queue.summary()
+    lags = np.asarray(res.lags) if res.lags else np.zeros(1)
+    return {
+        "throughput_tokens_per_s": res.tokens_consumed / wall if wall > 0 else 0.0,
+        "samples_per_s": res.samples_consumed / wall if wall > 0 else 0.0,
+        "iteration_time_mean_s": float(it.mean()),
+        "iteration_time_p50_s": float(np.percentile(it, 50)),
+        "iteration_time_p95_s": float(np.percentile(it, 95)),
+        "wall_s": wall,
+        "iterations": int(ends.size),
+        "tokens_generated": res.tokens_generated,
+        "tokens_in_trace": workload.total_response_tokens,
+        "utilization": b.utilization,
+        "bubbles": {
+            "padding": b.padding,
+            "skewness": b.skewness,
+            "sorting": b.sorting,
+            "overhead": b.overhead,
+        },
+        "trainer_idle_ratio": b.trainer_idle_ratio,
+        "rollouter_idle_ratio": b.rollouter_idle_ratio,
+        "accounting_coverage": b.coverage,
+        "lag_mean": float(lags.mean()),
+        "lag_max": int(lags.max()),
+        "queue": {k: q[k] for k in ("queued_mean", "queued_max", "in_flight_mean", "in_flight_max")},
+        "layout": {
+            "devices": res.spec.devices,
+            "instances": res.spec.instances,
+            "instance_devices": res.spec.instance_devices,
+            "trainer_devices": res.spec.trainer_devices,
+            "colocated": res.spec.colocated,
+            "max_lag": res.spec.max_lag,
+            "minibatch_samples": res.spec.minibatch_groups * workload.group_size,
+        },
+    }
+
+
+def run_modes(
+    preset: Preset,
+    workload: Workload,
+    modes: tuple[str, ...] | list[str] = MODES,
+    instances: int | None = None,
+) -> dict[str, ModeRun]:
+    return {m: simulate(preset, workload, m, instances) for m in modes}

@@ -1,0 +1,137 @@
+"""Run megatron-core on a CPU-only torch build (gloo): map its few direct CUDA calls to the CPU.
+
+megatron-core assumes CUDA in a handful of places: `torch.cuda.current_device()` as a tensor device,
+the CUDA RNG state for its model-parallel RNG tracker, stream/event/synchronize calls, and a few
+`device="cuda"` literals (`torch.zeros(..., device="cuda")`, `tensor.cuda()`). This module maps them
+to CPU equivalents (wrapping the torch factory functions rather than a TorchFunctionMode, because a
+mode is thread-local and Ray may run actor methods on another thread). It is imported only on CPU,
+through `asp_npu.device.prepare_megatron("cpu")`, so NPU/CUDA runs never see it; it is the one place
+(besides device.py) allowed to know the device kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+
+_INSTALLED = False
+
+
+class _InertStream:
+    """Stands in for torch.cuda.Stream: CPU work is synchronous, so every operation is a no-op."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_event(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record_event(self, *args: Any, **kwargs: Any) -> _InertEvent:
+        return _InertEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _InertEvent:
+    """Stands in for torch.cuda.Event."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return False
+
+
+_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
+
+
+def _cpu_factory(fn: Any) -> Any:
+    """Wrap a torch factory so `device="cuda"` (megatron's literals) lands on the CPU."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        return fn(*args, **kwargs)
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _cpu_rng_get(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    state = torch.get_rng_state()
+    return state.clone() if clone else state
+
+
+def _cpu_rng_set(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    torch.set_rng_state(new_state)
+
+
+class _DropForkWarning(logging.Filter):
+    """On CPU megatron's "CUDA" RNG *is* the CPU generator, so its fork always changes the CPU state."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+def install() -> None:
+    """Patch torch.cuda and megatron's RNG helpers for CPU; idempotent. Call before building models."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    cuda = torch.cuda
+    cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
+    cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)  # type: ignore[assignment]
+    # torch.manual_seed itself calls torch.cuda.manual_seed_all, so seed the CPU generator directly
+    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))  # type: ignore[assignment]
+    cuda.random.get_rng_state = cuda.get_rng_state  # type: ignore[assignment]
+    cuda.random.set_rng_state = cuda.set_rng_state  # type: ignore[assignment]
+    cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    cuda.empty_cache = lambda: None  # type: ignore[assignment]
+    cuda.current_stream = lambda device=None: _InertStream()  # type: ignore[assignment]
+    cuda.default_stream = lambda device=None: _InertStream()  # type: ignore[assignment]
+    cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
+    cuda.Stream = _InertStream  # type: ignore[assignment,misc]
+    cuda.Event = _InertEvent  # type: ignore[assignment,misc]
+    cuda.device = lambda device=None: contextlib.nullcontext()  # type: ignore[assignment,misc]
+    cuda.set_device = lambda device: None  # type: ignore[assignment]
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = _cpu_rng_get
+    mrandom._set_cuda_rng_state = _cpu_rng_set
+    logging.getLogger(mrandom.__name__).addFilter(_DropForkWarning())
+    for name in _FACTORIES:
+        setattr(torch, name, _cpu_factory(getattr(torch, name)))
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    _INSTALLED = True

@@ -1,0 +1,126 @@
+"""The trainer as a Ray actor group: one actor per megatron rank, driven as a single object.
+
+The layout is validated on the driver from the HF `config.json` before any actor starts. Rank 0
+picks the rendezvous address (its node's IP; 127.0.0.1 in single-machine CPU mode, where
+`device.loopback_env()` is in force) and a free port; all ranks then initialise the process group
+together. Every call fans out to all ranks (they are SPMD) and returns rank 0's answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.trainer.convert import HFWeights
+from asp_npu.trainer.parallel import ModelDims, check_layout
+from asp_npu.types import TrainBatch
+
+
+class TrainerRank:
+    """Ray actor body: holds one TrainerWorker."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        from asp_npu.trainer.parallel import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+    def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int) -> None:
+        from asp_npu.trainer.worker import TrainerWorker
+
+        self.worker = TrainerWorker(cfg, rank, world_size, addr, port, local_rank)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.worker, method)(*args)
+
+
+class TrainerGroup:
+    """`world_size` trainer ranks as Ray actors; `train_step`, `get_hf_weights`, `save`, `load`."""
+
+    def __init__(self, cfg: Config, world_size: int | None = None,
+                 cpus_per_rank: float | None = None) -> None:
+        """`cpus_per_rank` overrides the Ray CPU reservation (e.g. 0 when rollout engines hold the cores)."""
+        import ray
+
+        from asp_npu import device
+
+        act = cfg.actor_config
+        tp, pp, dp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size, act.data_parallel_size
+        self.world_size = world_size or tp * pp * dp
+        dims = ModelDims.from_hf_dir(cfg.model.path)
+        self.layout = check_layout(dims, tp, pp, dp, self.world_size)  # before any actor exists
+        kind = device.detect(cfg.trainer.device)
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(num_cpus=max(self.world_size, device.available_devices("cpu")), include_dashboard=False,
+                     log_to_driver=True)
+        opts = device.trainer_actor_options(kind)
+        if cpus_per_rank is not None:
+            opts["num_cpus"] = cpus_per_rank
+        actor_cls = ray.remote(TrainerRank)
+        self.actors = [actor_cls.options(**opts).remote() for _ in range(self.world_size)]
+        addr, port = ray.get(self.actors[0].rendezvous.remote())
+        ray.get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)])
+        self.version = 0
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([a.call.remote(method, *args) for a in self.actors])
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        import ray
+
+        ref = ray.put(batch)
+        metrics = ray.get([a.call.remote("train_step", ref) for a in self.actors])[0]
+        self.version = int(metrics["policy_version"])
+        return metrics
+
+    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+        import ray
+
+        ref = ray.put(batch)
+        metrics = ray.get([a.call.remote("sft_step", ref) for a in self.actors])[0]
+        self.version = int(metrics["policy_version"])
+        return metrics
+
+    def set_lr(self, lr: float) -> None:
+        self._all("set_lr", lr)
+
+    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        return self._all("compute_logprobs", batch)[0]
+
+    def get_hf_weights(self) -> HFWeights:
+        """Full HF-named weights of the current policy version (merged from the pipeline stages)."""
+        parts = [p for p in self._all("get_hf_weights") if p is not None]
+        merged = HFWeights(parts[0].version)
+        for p in parts:
+            merged.tensors.update(p.tensors)
+        return merged
+
+    def save(self, directory: str) -> None:
+        self._all("save", str(directory))
+
+    def load(self, directory: str) -> dict[str, Any]:
+        meta = self._all("load", str(directory))[0]
+        self.version = int(meta["policy_version"])
+        return meta
+
+    def shutdown(self) -> None:
+        import ray
+
+        if not getattr(self, "actors", None):
+            return
+        try:
+            self._all("shutdown")
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
+            if self._owns_ray:
+                ray.shutdown()

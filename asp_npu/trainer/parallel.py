@@ -1,0 +1,158 @@
+"""Tensor/pipeline/data-parallel layout: validated up front, then the process groups.
+
+`check_layout` runs on the driver before any actor or process group exists and lists *every*
+problem (TP not dividing the heads, PP larger than the layer count, world size mismatch, ...), so a
+bad config costs a second, not a hung gloo/HCCL rendezvous. `init_parallel` is what each rank runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asp_npu.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The HF (Qwen2-style) config numbers that parallelism and conversion depend on."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelDims:
+        heads = int(cfg["num_attention_heads"])
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        return cls(
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> ModelDims:
+        """Read `config.json` of an HF folder (no transformers import: this runs on the driver)."""
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise ConfigError(f"model.path: '{path}' has no config.json")
+        try:
+            return cls.from_hf_dict(json.loads(p.read_text()))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{p}: not a Qwen2-style config ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None) -> list[str]:
+    """Every reason this layout cannot run this model (empty = fine). Pure; no process group."""
+    problems: list[str] = []
+    for name, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                    ("data_parallel_size", dp)):
+        if v < 1:
+            problems.append(f"actor_config.{name}: must be >= 1 (got {v})")
+    if problems:
+        return problems
+    if dims.num_heads % tp:
+        problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide the "
+                        f"{dims.num_heads} attention heads")
+    if dims.num_kv_heads % tp:
+        problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide the "
+                        f"{dims.num_kv_heads} key/value heads (megatron splits whole query groups)")
+    if dims.num_heads % dims.num_kv_heads:
+        problems.append(f"model: {dims.num_heads} attention heads are not a multiple of "
+                        f"{dims.num_kv_heads} key/value heads")
+    if dims.intermediate_size % tp:
+        problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide "
+                        f"intermediate_size={dims.intermediate_size}")
+    if pp > dims.num_layers:
+        problems.append(f"actor_config.pipeline_model_parallel_size={pp} is larger than the "
+                        f"{dims.num_layers} layers")
+    elif dims.num_layers % pp:
+        problems.append(f"actor_config.pipeline_model_parallel_size={pp} does not divide the "
+                        f"{dims.num_layers} layers")
+    if world_size is not None and world_size != tp * pp * dp:
+        problems.append(f"world size {world_size} != tensor_model_parallel_size x "
+                        f"pipeline_model_parallel_size x data_parallel_size = {tp}x{pp}x{dp}={tp * pp * dp}")
+    return problems
+
+
+def check_layout(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None) -> Layout:
+    """Raise one ConfigError naming every problem, before any process group starts."""
+    problems = layout_problems(dims, tp, pp, dp, world_size)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return Layout(tp, pp, dp)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, master_port: int,
+                  seed: int, timeout_s: float = 600.0) -> None:
+    """torch.distributed + megatron parallel_state + megatron's model-parallel RNG, on one rank.
+
+    The caller has already run `asp_npu.device.prepare_megatron(kind)` (CPU shim / MindSpeed adaptor).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                rank=rank, world_size=layout.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    set_layout(layout, seed)
+
+
+def set_layout(layout: Layout, seed: int) -> None:
+    """(Re)build megatron's parallel groups for `layout` on an initialised world; seeds its RNG."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
+                                             pipeline_model_parallel_size=layout.pp)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,200 @@
+"""`asp-npu sft`: supervised warm-start of the policy on a synthetic task, so RL starts with reward.
+
+A randomly initialised model never produces an exact answer, so GRPO would see all-zero groups and
+learn nothing. SFT trains the same megatron-core trainer (same TP/PP/DP layout, Ray actor group) on
+task examples with the answer as the response, then writes an HF folder (config + tokenizer + new
+weights) that vLLM and `asp-npu train` load. Progress is the greedy exact-match reward on the RL
+prompts (`data` section), measured with the HF model loaded from the written weights.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.types import PromptItem, TrainBatch, Trajectory
+
+
+def training_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids + eos) pairs from the task generator, answers capped at sft.max_items."""
+    from asp_npu.data.datasets import encode_prompt
+    from asp_npu.data.tasks import DEFAULT_MAX_ITEMS, LengthDist, make_prompts
+
+    s = cfg.sft
+    task = cfg.data.task
+    cap = min(s.max_items, DEFAULT_MAX_ITEMS.get(task, s.max_items))
+    items = make_prompts(task, s.num_examples, seed=s.seed, dist=LengthDist(max_items=max(1, cap)))
+    eos = tokenizer.eos_token_id
+    return [
+        (
+            encode_prompt(it, tokenizer),
+            list(tokenizer.encode(str(it.ground_truth), add_special_tokens=False)) + [eos],
+        )
+        for it in items
+    ]
+
+
+def to_batch(pairs: list[tuple[list[int], list[int]]]) -> TrainBatch:
+    trajs = [
+        Trajectory(f"sft-{i}", 0, p, r, [0.0] * len(r), "stop", 0.0, 0) for i, (p, r) in enumerate(pairs)
+    ]
+    return TrainBatch(trajs, group_size=1)
+
+
+def evaluate(
+    model_dir: str | Path, prompts: list[PromptItem], max_new_tokens: int, batch_size: int = 16
+) -> dict[str, float]:
+    """Greedy decoding with the HF model of `model_dir`: exact-match rate and the RL (partial) reward.
+
+    Prompts are batched by answer length and each batch decodes at most 2 x its longest answer + 8
+    tokens (never more than `max_new_tokens`): greedy tokens do not depend on the cap, so exact match
+    is unaffected, while an untrained model no longer babbles to max_tokens on every prompt.
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from asp_npu.data.datasets import encode_prompt
+    from asp_npu.data.rewards import compute_reward
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    answer_len = {p.prompt_id: len(tok.encode(str(p.ground_truth), add_special_tokens=False))
+                  for p in prompts}
+    ordered = sorted(prompts, key=lambda p: answer_len[p.prompt_id])
+    exact, partial, lengths = [], [], []
+    for i in range(0, len(ordered), batch_size):
+        chunk = ordered[i : i + batch_size]
+        ids = [encode_prompt(p, tok) for p in chunk]
+        width = max(len(x) for x in ids)
+        cap = min(max_new_tokens, 2 * max(answer_len[p.prompt_id] for p in chunk) + 8)
+        inp = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids])
+        att = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=inp,
+                attention_mask=att,
+                max_new_tokens=cap,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        for p, row in zip(chunk, out[:, width:].tolist(), strict=True):
+            if tok.eos_token_id in row:
+                row = row[: row.index(tok.eos_token_id)]
+            text = tok.decode(row, skip_special_tokens=True)
+            source = str(p.meta.get("data_source", ""))
+            exact.append(compute_reward(source, text, p.ground_truth, partial=False))
+            partial.append(compute_reward(source, text, p.ground_truth, partial=True))
+            lengths.append(len(row))
+    n = max(1, len(exact))
+    return {"exact_match": sum(exact) / n, "reward": sum(partial) / n, "response_len": sum(lengths) / n}
+
+
+def warm_start(
+    cfg: Config, out_dir: str | None = None, steps: int | None = None, log: Any = None
+) -> dict[str, Any]:
+    """SFT for `steps` (default sft.steps) and write the HF folder `out_dir` (default sft.out).
+
+    Returns {"steps", "seconds", "final_loss", "losses", "evals": [{"step", "exact_match", "reward", ...}],
+    "out"}; "seconds" is the training time (evaluations excluded).
+    """
+    from transformers import AutoTokenizer
+
+    from asp_npu.data.datasets import load_prompts
+    from asp_npu.trainer.convert import save_hf_folder
+    from asp_npu.trainer.group import TrainerGroup
+
+    s = cfg.sft
+    steps = s.steps if steps is None else steps
+    out = Path(out_dir or s.out)
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    src = cfg.model.path
+    tok = AutoTokenizer.from_pretrained(src)
+    pairs = training_examples(cfg, tok)
+    eval_set = load_prompts(cfg.data.data_path, cfg.data.task, cfg.data.num_prompts, cfg.data.seed)[
+        : s.eval_prompts
+    ]
+    max_new = cfg.generate_config.sampling_config.max_tokens
+    evals = [{"step": 0, **evaluate(src, eval_set, max_new)}]
+    log(f"sft: step 0 exact_match={evals[0]['exact_match']:.3f} reward={evals[0]['reward']:.3f}")
+    rng = random.Random(s.seed)
+    t0 = time.time()
+    group = TrainerGroup(cfg)
+    metrics: dict[str, float] = {}
+    losses: list[float] = []
+    tmp_eval = out.with_name(out.name + ".eval")
+    try:
+        group.set_lr(s.lr)
+        order: list[int] = []
+        for step in range(1, steps + 1):
+            if len(order) < s.batch_size:
+                order += rng.sample(range(len(pairs)), len(pairs))
+            picked, order = order[: s.batch_size], order[s.batch_size :]
+            metrics = group.sft_step(to_batch([pairs[i] for i in picked]))
+            losses.append(metrics["loss"])
+            if step % 10 == 0 or step == steps:
+                log(
+                    f"sft: step {step}/{steps} loss={metrics['loss']:.4f} "
+                    f"tokens/s={metrics['tokens_per_s']:.0f} elapsed={time.time() - t0:.0f}s"
+                )
+            if s.eval_every and step % s.eval_every == 0 and step != steps:
+                save_hf_folder(group.get_hf_weights(), src, tmp_eval)
+                evals.append({"step": step, **evaluate(tmp_eval, eval_set, max_new)})
+                e = evals[-1]
+                log(f"sft: step {step} exact_match={e['exact_match']:.3f} reward={e['reward']:.3f}")
+        save_hf_folder(group.get_hf_weights(), src, out)
+    finally:
+        group.shutdown()
+        if tmp_eval.exists():
+            import shutil
+
+            shutil.rmtree(tmp_eval)
+    seconds = time.time() - t0
+    evals.append({"step": steps, **evaluate(out, eval_set, max_new)})
+    log(
+        f"sft: step {steps} exact_match={evals[-1]['exact_match']:.3f} reward={evals[-1]['reward']:.3f} "
+        f"-> {out}"
+    )
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "final_loss": metrics.get("loss"),
+        "losses": losses,
+        "evals": evals,
+        "out": str(out),
+    }
+
+
+def main(argv: list[str]) -> int:
+    from asp_npu.cli import command_parser
+    from asp_npu.config import load_config
+
+    parser = command_parser("sft", "supervised warm-start on a synthetic task (writes an HF folder)")
+    parser.add_argument(
+        "--config", default=None, help="YAML config (sections model, data, sft, actor_config)"
+    )
+    parser.add_argument("--out", default=None, help="HF folder to write (default: sft.out)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. sft.steps=200")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    _prepare_model(cfg)
+    result = warm_start(cfg, out_dir=args.out)
+    if args.json:
+        import json
+
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def _prepare_model(cfg: Config) -> None:
+    """Build the tiny local model when model.path is absent and model.build_if_missing allows it."""
+    from asp_npu.data.init_model import build_model_dir, check_model_dir
+
+    if not Path(cfg.model.path).exists() and cfg.model.build_if_missing:
+        build_model_dir(cfg.model.path, cfg.model.size, seed=cfg.data.seed)
+    check_model_dir(cfg.model.path)

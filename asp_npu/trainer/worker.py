@@ -1,0 +1,455 @@
+"""One trainer rank: a megatron-core model shard, its optimizer, and the GRPO update of one TrainBatch.
+
+Every rank receives the whole TrainBatch and deterministically picks its data-parallel shard, so the
+driver never needs to know the layout. Micro-batches go through megatron's pipeline schedule
+(`get_forward_backward_func`: 1F1B when PP > 1), gradients accumulate, then data-parallel gradients
+are summed, the global grad norm is clipped and AdamW steps. The loss is normalised by the number of
+response tokens of the whole minibatch, so any TP/PP/DP layout and micro-batch size gives the same
+loss and gradient as TP=1 (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from asp_npu.config import Config
+from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
+from asp_npu.trainer.parallel import Layout, ModelDims, check_layout
+from asp_npu.types import TrainBatch, Trajectory
+
+
+@dataclass
+class Sample:
+    """One trajectory as trainer tensors: inputs are tokens[:-1], labels tokens[1:]."""
+
+    index: int  # position in the TrainBatch
+    tokens: list[int]
+    prompt_len: int
+    advantage: float
+    behaviour: list[float]  # logprobs of the response tokens under the rollout policy
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) - 1
+
+
+def loss_config(cfg: Config) -> LossConfig:
+    rl = cfg.rl_config
+    return LossConfig(clip_ratio_low=rl.clip_ratio_low, clip_ratio_high=rl.clip_ratio_high,
+                      kl_coef=rl.kl_coef, kl_penalty=rl.kl_penalty, importance_cap=rl.importance_cap,
+                      temperature=cfg.generate_config.sampling_config.temperature)
+
+
+def group_key(t: Trajectory) -> tuple[str, int]:
+    return (t.prompt_id, t.epoch)
+
+
+def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool) -> tuple[list[Sample], int]:
+    """Advantages per GRPO group (optionally dropping zero-signal groups); returns samples, dropped groups."""
+    trajs = batch.trajectories
+    keys = [group_key(t) for t in trajs]
+    rewards = [t.reward for t in trajs]
+    sizes: dict[Any, int] = {}
+    for k in keys:
+        sizes[k] = sizes.get(k, 0) + 1
+    bad = {k: n for k, n in sizes.items() if n != batch.group_size}
+    if bad:
+        k, n = next(iter(bad.items()))
+        raise ValueError(f"TrainBatch holds an incomplete group: prompt {k[0]} has {n} samples, "
+                         f"group_size is {batch.group_size}")
+    adv = group_advantages(rewards, keys)
+    drop = equal_reward_groups(rewards, keys) if drop_equal_groups else set()
+    samples = []
+    for i, (t, k) in enumerate(zip(trajs, keys, strict=True)):
+        if k in drop or not t.response_token_ids:
+            continue
+        if len(t.logprobs) != len(t.response_token_ids):
+            raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
+                             f"{len(t.response_token_ids)} response tokens")
+        samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
+                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs)))
+    return samples, len(drop)
+
+
+def shard_for_dp(samples: list[Sample], dp: int, dp_rank: int) -> list[Sample]:
+    """Greedy longest-first balancing of tokens across data-parallel ranks (deterministic)."""
+    loads = [0] * dp
+    mine: list[Sample] = []
+    for s in sorted(samples, key=lambda s: (-s.length, s.index)):
+        r = min(range(dp), key=lambda j: (loads[j], j))
+        loads[r] += s.length
+        if r == dp_rank:
+            mine.append(s)
+    return mine
+
+
+def make_micro_batches(samples: list[Sample], micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak)."""
+    out = []
+    ordered = sorted(samples, key=lambda s: (-s.length, s.index))
+    for i in range(0, len(ordered), micro_batch_size):
+        chunk = ordered[i:i + micro_batch_size]
+        seq = max(s.length for s in chunk)
+        b = len(chunk)
+        ids = torch.zeros(b, seq, dtype=torch.long)
+        labels = torch.zeros(b, seq, dtype=torch.long)
+        mask = torch.zeros(b, seq)
+        adv = torch.zeros(b, seq)
+        behav = torch.zeros(b, seq)
+        for j, s in enumerate(chunk):
+            t = torch.tensor(s.tokens, dtype=torch.long)
+            ids[j, :s.length] = t[:-1]
+            labels[j, :s.length] = t[1:]
+            lo, hi = s.prompt_len - 1, s.length
+            mask[j, lo:hi] = 1.0
+            adv[j, lo:hi] = s.advantage
+            behav[j, lo:hi] = torch.tensor(s.behaviour, dtype=torch.float32)
+        out.append({"input_ids": ids, "labels": labels, "mask": mask, "adv": adv, "behav": behav,
+                    "position_ids": torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous(),
+                    "index": torch.tensor([s.index for s in chunk]),
+                    "lengths": torch.tensor([s.length for s in chunk])})
+    return out
+
+
+class TrainerWorker:
+    """One rank of the megatron-core trainer (run directly in a process, or inside a Ray actor)."""
+
+    def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str = "127.0.0.1",
+                 master_port: int = 29500, local_rank: int = 0, model_path: str | None = None) -> None:
+        from asp_npu import device
+        from asp_npu.trainer.parallel import init_parallel
+
+        act = cfg.actor_config
+        self.cfg = cfg
+        self.rank = rank
+        self.model_path = model_path or cfg.model.path
+        self.dims = ModelDims.from_hf_dir(self.model_path)
+        self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
+                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size)
+        threads = act.num_threads or max(1, (os.cpu_count() or 1) // world_size)
+        torch.set_num_threads(threads)
+        self.kind = device.detect(cfg.trainer.device)
+        device.prepare_megatron(self.kind)
+        self.torch_device = device.bind_local_device(self.kind, local_rank)
+        init_parallel(device.spec(self.kind).dist_backend, rank, self.layout, master_addr, master_port,
+                      act.seed)
+        self.loss_cfg = loss_config(cfg)
+        self.step = 0
+        self.version = 0
+        self._build(device.megatron_config_overrides(self.kind))
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, overrides: dict[str, Any]) -> None:
+        from asp_npu.trainer.convert import load_hf_into_model, read_hf_state
+        from asp_npu.trainer.model import build_model
+
+        act = self.cfg.actor_config
+        hf = read_hf_state(self.model_path)
+        dtype = self.cfg.model.dtype
+        self.model = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
+        load_hf_into_model(self.model, hf, self.dims, self.layout)
+        self.ref_model = None
+        if self.loss_cfg.kl_coef > 0:
+            self.ref_model = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
+            load_hf_into_model(self.ref_model, hf, self.dims, self.layout)
+            self.ref_model.eval().requires_grad_(False)
+        del hf
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # bf16/fp16 models step fp32 master copies (mixed precision); fp32 models step in place
+        self.master = self.params if dtype == "float32" else [p.detach().float().clone() for p in self.params]
+        self.optimizer = torch.optim.AdamW(self.master, lr=act.lr, weight_decay=act.weight_decay,
+                                           betas=(0.9, 0.999), eps=1e-8)
+
+    # ------------------------------------------------------------------ parallel helpers
+    @staticmethod
+    def _ps() -> Any:
+        from megatron.core import parallel_state
+
+        return parallel_state
+
+    def _is_loss_rank(self) -> bool:
+        """The rank whose statistics count (last pipeline stage, TP rank 0; one per DP rank)."""
+        ps = self._ps()
+        return ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+
+    def _vocab_mask_start(self) -> int | None:
+        """Local column from which logits are vocabulary padding (None: no padding on this TP rank)."""
+        ps = self._ps()
+        from asp_npu.trainer.model import padded_vocab_size
+
+        per = padded_vocab_size(self.dims.vocab_size, self.layout.tp) // self.layout.tp
+        start = ps.get_tensor_model_parallel_rank() * per
+        pad_from = self.dims.vocab_size - start
+        return pad_from if pad_from < per else None
+
+    def _token_logprobs(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """log pi(label) at temperature T from vocab-parallel logits [b, s, V/TP]."""
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        scaled = logits.float() / self.loss_cfg.temperature
+        pad_from = self._vocab_mask_start()
+        if pad_from is not None:
+            col = torch.arange(scaled.shape[-1], device=scaled.device)
+            scaled = scaled.masked_fill(col >= pad_from, float("-inf"))
+        return -vocab_parallel_cross_entropy(scaled, labels)
+
+    def _run_schedule(self, model: Any, micro: list[dict[str, torch.Tensor]], loss_fn: Any,
+                      forward_only: bool) -> list[dict[str, Any]]:
+        """Megatron's forward(-backward) schedule over `micro`; returns the last stage's per-micro dicts."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        if not micro:
+            return []
+        it = iter(enumerate(micro))
+
+        def forward_step(data_iterator: Iterator[Any], mdl: Any) -> tuple[torch.Tensor, Any]:
+            k, mb = next(data_iterator)
+            out = mdl(mb["input_ids"], mb["position_ids"], None)
+
+            def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+                logp = self._token_logprobs(output, mb["labels"])
+                loss, info = loss_fn(k, mb, logp)
+                return loss, torch.ones((), dtype=torch.int), info
+
+            return out, loss_func
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=it, model=[model], num_microbatches=len(micro),
+            seq_length=max(int(mb["input_ids"].shape[1]) for mb in micro),
+            micro_batch_size=max(int(mb["input_ids"].shape[0]) for mb in micro),
+            forward_only=forward_only,
+        )
+
+    def _my_micro_batches(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
+        ps = self._ps()
+        mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
+        mbs = make_micro_batches(mine, self.cfg.actor_config.micro_batch_size)
+        return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
+
+    def _forward_logprobs(self, model: Any, micro: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Per-micro-batch token logprobs [b, s] (on the last stage; empty list elsewhere)."""
+        with torch.no_grad():
+            store = self._run_schedule(model, micro, lambda k, mb, logp: (logp.sum() * 0, {"logp": logp}),
+                                       forward_only=True)
+        return [d["logp"].detach() for d in store]
+
+    def _sync_grads(self) -> float:
+        """Sum data-parallel grads, tie embedding grads across stages, clip; returns the global norm."""
+        import torch.distributed as dist
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        ps = self._ps()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.layout.dp > 1:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            dist.all_reduce(flat, group=ps.get_data_parallel_group())
+            off = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                off += n
+        shared = None
+        if self.dims.tie_word_embeddings and self.layout.pp > 1 and ps.is_rank_in_embedding_group():
+            shared = self.model.shared_embedding_or_output_weight()
+            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            if not param_is_not_tensor_parallel_duplicate(p):
+                continue
+            if shared is not None and p is shared and not ps.is_pipeline_first_stage():
+                continue  # the last stage's copy of the tied embedding counts once
+            sq += p.grad.double().pow(2).sum()
+        if self.layout.tp * self.layout.pp > 1:
+            dist.all_reduce(sq, group=ps.get_model_parallel_group())
+        norm = float(sq.sqrt())
+        clip = self.cfg.actor_config.clip_grad
+        if clip > 0 and norm > clip:
+            for p in self.params:
+                p.grad.mul_(clip / (norm + 1e-6))
+        return norm
+
+    def _zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def _optimizer_step(self) -> None:
+        if self.master is not self.params:
+            for m, p in zip(self.master, self.params, strict=True):
+                m.grad = p.grad.float()
+        self.optimizer.step()
+        if self.master is not self.params:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params, strict=True):
+                    p.copy_(m)
+                    m.grad = None
+
+    def _reduce_stats(self, sums: dict[str, float], extremes: dict[str, float]) -> tuple[dict, dict]:
+        """Sum statistics over data-parallel ranks (counted once per DP rank) and share with all ranks."""
+        import torch.distributed as dist
+
+        keys = sorted(sums)
+        on = self._is_loss_rank()
+        vec = torch.tensor([sums[k] if on else 0.0 for k in keys], dtype=torch.float64)
+        dist.all_reduce(vec)
+        ext_keys = sorted(extremes)
+        if not ext_keys:
+            return dict(zip(keys, vec.tolist(), strict=True)), {}
+        big = float(np.finfo(np.float64).max)
+        ext = torch.tensor([(extremes[k] if on else -big) if k.endswith("max") else
+                            -(extremes[k] if on else big) for k in ext_keys], dtype=torch.float64)
+        dist.all_reduce(ext, op=dist.ReduceOp.MAX)
+        out_ext = {k: float(v) if k.endswith("max") else -float(v)
+                   for k, v in zip(ext_keys, ext, strict=True)}
+        return dict(zip(keys, vec.tolist(), strict=True)), out_ext
+
+    # ------------------------------------------------------------------ public API
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
+        t0 = time.perf_counter()
+        samples, dropped = batch_to_samples(batch, self.cfg.rl_config.drop_equal_reward_groups)
+        lags = [self.version - v for v in batch.versions]
+        metrics: dict[str, float] = {
+            "step": float(self.step), "dropped_groups": float(dropped), "samples": float(len(samples)),
+            "policy_lag/mean": float(np.mean(lags)) if lags else 0.0,
+            "policy_lag/max": float(max(lags)) if lags else 0.0,
+        }
+        if not samples:  # every group had equal rewards: nothing to learn, keep the version
+            metrics.update({"skipped": 1.0, "policy_version": float(self.version)})
+            return metrics
+        norm = float(sum(s.length - s.prompt_len + 1 for s in samples))
+        micro = self._my_micro_batches(samples)
+        ref = self._forward_logprobs(self.ref_model, micro) if self.ref_model is not None else []
+        prox: dict[int, torch.Tensor] = {}
+        epochs = max(1, self.cfg.actor_config.ppo_epochs)
+        sums = dict.fromkeys(STAT_KEYS, 0.0)
+        ext = {"iw_max": -np.inf, "iw_min": np.inf}
+        grad_norms = []
+        self.model.train()
+        for epoch in range(epochs):
+            self._zero_grad()
+
+            def loss_fn(k: int, mb: dict[str, torch.Tensor], logp: torch.Tensor,
+                        first: bool = epoch == 0) -> tuple[torch.Tensor, dict[str, Any]]:
+                if first:
+                    prox[k] = logp.detach()  # proximal policy = weights before this update
+                loss, st = policy_loss(logp, prox[k], mb["behav"], mb["adv"], mb["mask"], self.loss_cfg,
+                                       norm, ref[k] if ref else None)
+                return loss, st
+
+            store = self._run_schedule(self.model, micro, loss_fn, forward_only=False)
+            for st in store:
+                for key in STAT_KEYS:
+                    sums[key] += float(st[key])
+                ext["iw_max"] = max(ext["iw_max"], float(st["iw_max"]))
+                ext["iw_min"] = min(ext["iw_min"], float(st["iw_min"]))
+            grad_norms.append(self._sync_grads())
+            self._optimizer_step()
+        sums, ext = self._reduce_stats(sums, ext)
+        tokens = max(sums["tokens"], 1.0)
+        self.step += 1
+        self.version += 1
+        elapsed = time.perf_counter() - t0
+        processed = sum(s.length for s in samples) * epochs
+        metrics.update({
+            "loss": sums["loss"] / epochs, "pg_loss": sums["pg_loss"] / epochs,
+            "kl": sums["kl"] / tokens, "clip_frac": sums["clipped"] / tokens,
+            "grad_norm": float(np.mean(grad_norms)), "iw/mean": sums["iw_sum"] / tokens,
+            "iw/max": ext["iw_max"], "iw/min": ext["iw_min"],
+            "iw/truncated_frac": sums["iw_truncated"] / tokens,
+            "response_tokens": sums["tokens"] / epochs, "tokens_per_s": processed / elapsed,
+            "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
+        })
+        return metrics
+
+    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One supervised update: mean negative log-likelihood of the response tokens (token level)."""
+        t0 = time.perf_counter()
+        samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids),
+                          0.0, [0.0] * len(t.response_token_ids))
+                   for i, t in enumerate(batch.trajectories) if t.response_token_ids]
+        norm = float(sum(s.length - s.prompt_len + 1 for s in samples))
+        micro = self._my_micro_batches(samples)
+        self.model.train()
+        self._zero_grad()
+
+        def loss_fn(k: int, mb: dict[str, torch.Tensor], logp: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            nll = -(logp * mb["mask"]).sum() / norm
+            return nll, {"loss": nll.detach(), "tokens": mb["mask"].sum()}
+
+        sums = {"loss": 0.0, "tokens": 0.0}
+        for st in self._run_schedule(self.model, micro, loss_fn, forward_only=False):
+            sums["loss"] += float(st["loss"])
+            sums["tokens"] += float(st["tokens"])
+        grad_norm = self._sync_grads()
+        self._optimizer_step()
+        sums, _ = self._reduce_stats(sums, {})
+        self.step += 1
+        self.version += 1
+        elapsed = time.perf_counter() - t0
+        return {"loss": sums["loss"], "grad_norm": grad_norm, "response_tokens": sums["tokens"],
+                "tokens_per_s": sum(s.length for s in samples) / elapsed, "step_time_s": elapsed,
+                "policy_version": float(self.version)}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        """Current-policy logprobs of every trajectory's response tokens (same order as the batch)."""
+        import torch.distributed as dist
+
+        samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids),
+                          0.0, [0.0] * len(t.response_token_ids))
+                   for i, t in enumerate(batch.trajectories) if t.response_token_ids]
+        micro = self._my_micro_batches(samples)
+        self.model.eval()
+        found: dict[int, list[float]] = {}
+        if micro:
+            for mb, logp in zip(micro, self._forward_logprobs(self.model, micro), strict=False):
+                for j, idx in enumerate(mb["index"].tolist()):
+                    s = next(x for x in samples if x.index == idx)
+                    found[idx] = logp[j, s.prompt_len - 1:s.length].tolist()
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, found if self._is_loss_rank() else {})
+        merged: dict[int, list[float]] = {}
+        for p in parts:
+            merged.update(p)
+        return [merged.get(i, []) for i in range(len(batch.trajectories))]
+
+    def get_hf_weights(self) -> Any:
+        """This pipeline stage's full HF tensors (numpy) on its TP-0/DP-0 rank, else None; + version."""
+        from asp_npu.trainer.convert import HFWeights, megatron_stage_to_hf, to_numpy
+
+        ps = self._ps()
+        tensors = megatron_stage_to_hf(self.model, self.dims)
+        if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+            return HFWeights(self.version, to_numpy(tensors))
+        return None
+
+    def save(self, directory: str) -> None:
+        from asp_npu.trainer.checkpoint import save_checkpoint
+
+        save_checkpoint(directory, self)
+
+    def load(self, directory: str) -> dict[str, Any]:
+        from asp_npu.trainer.checkpoint import load_checkpoint
+
+        return load_checkpoint(directory, self)
+
+    def shutdown(self) -> None:
+        from asp_npu.trainer.parallel import destroy_parallel
+
+        destroy_parallel()
+
+    @property
+    def layout_info(self) -> Layout:
+        return self.layout

@@ -1,0 +1,132 @@
+"""Trainer throughput (tokens/s of GRPO train_step) of the megatron-core trainer at several TP/PP/DP layouts.
+
+Usage: .venv/bin/python benchmarks/trainer_throughput.py [--layouts 1x1x1,2x1x1] [--steps 8] [--runs 3]
+       [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--json]
+
+Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on the same model
+(`asp-npu init-model` tiny/small, built into a temp folder) and the same synthetic batches
+(prompt ~24 tokens, response lengths lognormal with median 64 tokens, capped at 512). Layouts are
+interleaved run by run (A B A B ...), so machine noise hits them alike; each cell is the median
+over runs of the median step after one warm-up step. tokens/s counts prompt+response tokens processed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asp_npu.device import loopback_env  # noqa: E402
+from asp_npu.types import TrainBatch, Trajectory  # noqa: E402
+
+
+def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int) -> TrainBatch:
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(groups):
+        prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(16, 32))]
+        for s in range(group_size):
+            n = int(min(512, max(4, rng.lognormvariate(4.16, 0.6))))  # median e^4.16 ~ 64 tokens
+            resp = [rng.randrange(10, vocab) for _ in range(n)]
+            trajs.append(
+                Trajectory(f"b{seed}-g{g}", s, prompt, resp, [-6.0] * n, "stop", float(rng.random() < 0.5), 0)
+            )
+    return TrainBatch(trajs, group_size)
+
+
+def measure(model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int) -> dict:
+    from asp_npu.config import Config
+    from asp_npu.trainer.group import TrainerGroup
+
+    cfg = Config()
+    cfg.model.path = model_dir
+    cfg.trainer.device = "cpu"
+    a = cfg.actor_config
+    a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size = layout
+    a.micro_batch_size = mbs
+    a.num_threads = max(1, (os.cpu_count() or 1) // (layout[0] * layout[1] * layout[2]))
+    group = TrainerGroup(cfg, cpus_per_rank=0)
+    try:
+        group.train_step(batches[0])  # warm-up
+        steps = [group.train_step(b) for b in batches[1:]]
+    finally:
+        group.shutdown()
+    return {
+        "tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps),
+        "step_time_s": statistics.median(m["step_time_s"] for m in steps),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layouts", default="1x1x1,2x1x1", help="comma list of TPxPPxDP")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per run (after one warm-up)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    ap.add_argument("--model", default="", help="existing HF folder instead of building --size")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    for k, v in {
+        **loopback_env(),
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }.items():
+        os.environ.setdefault(k, v)
+    layouts = [tuple(int(x) for x in s.split("x")) for s in args.layouts.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if not model:
+            from asp_npu.data.init_model import build_model_dir
+
+            model = str(build_model_dir(Path(tmp) / "model", args.size))
+        vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+        batches = [synthetic_batch(vocab, args.groups, args.group_size, i) for i in range(args.steps + 1)]
+        runs: dict[str, list[dict]] = {"x".join(map(str, lay)): [] for lay in layouts}
+        for r in range(args.runs):
+            for lay in layouts:
+                res = measure(model, lay, batches, args.micro_batch_size)  # type: ignore[arg-type]
+                runs["x".join(map(str, lay))].append(res)
+                if not args.json:
+                    print(
+                        f"run {r + 1}/{args.runs} TPxPPxDP={'x'.join(map(str, lay))}: "
+                        f"{res['tokens_per_s']:.0f} tokens/s, {res['step_time_s']:.3f} s/step",
+                        file=sys.stderr,
+                    )
+    tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) - 1 for t in batches[1].trajectories)
+    summary = {
+        "size": args.size if not args.model else args.model,
+        "samples_per_step": args.groups * args.group_size,
+        "tokens_per_step_example": tokens,
+        "runs": args.runs,
+        "steps": args.steps,
+        "layouts": {
+            k: {
+                "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in v),
+                "step_time_s_median": statistics.median(x["step_time_s"] for x in v),
+                "tokens_per_s_runs": [round(x["tokens_per_s"]) for x in v],
+            }
+            for k, v in runs.items()
+        },
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{'TPxPPxDP':>9} {'tokens/s':>10} {'s/step':>8}  runs")
+        for k, v in summary["layouts"].items():
+            tps, sec = v["tokens_per_s_median"], v["step_time_s_median"]
+            print(f"{k:>9} {tps:>10.0f} {sec:>8.3f}  {v['tokens_per_s_runs']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

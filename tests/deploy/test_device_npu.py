@@ -1,0 +1,81 @@
+"""The NPU path of asp_npu.device, tested where torch_npu / mindspeed / vllm_ascend are absent:
+`importlib.util.find_spec`, the environment and vLLM's plugin registry are replaced by fakes."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from asp_npu import device
+
+NPU_MODULES = {"torch_npu", "mindspeed", "vllm_ascend"}
+
+
+@pytest.fixture
+def fake_stack(monkeypatch: pytest.MonkeyPatch):
+    """Pretend a set of modules is installed and a set of vLLM platform plugins is registered."""
+    real = importlib.util.find_spec
+
+    def install(modules: set[str], plugins: list[str], cann: str | None) -> None:
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a: (
+                object() if name in modules else (None if name in NPU_MODULES else real(name, *a))
+            ),
+        )
+        monkeypatch.setattr(device, "vllm_platform_plugins", lambda: plugins)
+        for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+            monkeypatch.delenv(var, raising=False)
+        if cann:
+            monkeypatch.setenv("ASCEND_TOOLKIT_HOME", cann)
+
+    return install
+
+
+def test_complete_stack_has_no_problems(fake_stack) -> None:
+    fake_stack(NPU_MODULES, ["ascend"], "/usr/local/Ascend/ascend-toolkit/latest")
+    assert device.npu_stack_problems() == []
+    assert device.vllm_platform("npu") == "ascend"
+    device.require_npu_stack()
+
+
+def test_empty_stack_names_every_missing_piece(fake_stack) -> None:
+    fake_stack(set(), [], None)
+    problems = device.npu_stack_problems()
+    assert len(problems) == 4
+    assert "CANN is not sourced" in problems[0]
+    for module in ("torch_npu", "mindspeed", "vllm_ascend"):
+        assert any(f"'{module}' is missing" in p for p in problems)
+    with pytest.raises(RuntimeError, match="incomplete"):
+        device.require_npu_stack()
+    with pytest.raises(RuntimeError, match="vllm-ascend"):
+        device.vllm_platform("npu")
+
+
+def test_vllm_ascend_installed_but_not_registered(fake_stack) -> None:
+    fake_stack(NPU_MODULES, [], "/opt/cann")
+    assert device.npu_stack_problems() == [
+        "vllm-ascend is installed but not registered as a vLLM platform plugin (entry point "
+        "vllm.platform_plugins 'ascend'): reinstall it into this environment"
+    ]
+
+
+def test_detect_npu_without_torch_npu_is_a_clear_error(fake_stack) -> None:
+    fake_stack(set(), [], None)
+    with pytest.raises(RuntimeError, match="torch_npu is not installed"):
+        device.detect("npu")
+    assert device.detect("auto") in ("cpu", "cuda")
+
+
+def test_backends_and_visible_devices() -> None:
+    assert [device.collective_backend(k) for k in ("cpu", "npu", "cuda")] == ["gloo", "hccl", "nccl"]
+    assert device.visible_devices("npu", [4, 5, 6, 7]) == {"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}
+    assert device.visible_devices("cpu", [0]) == {}
+    assert device.vllm_platform("cpu") is None
+    env = device.rollout_env("npu", [2], kv_cache_gib=1.0)
+    assert (
+        env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
+        and env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    )

@@ -1,0 +1,105 @@
+"""`asp-npu import-config mindspeed-rl`: a config written from MindSpeed-RL's documented keys
+translates into one that `asp-npu check` accepts, and every key that could not be mapped is named."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from asp_npu.cli import main as cli_main
+from asp_npu.config import load_config
+from asp_npu.deploy.import_config import card_from_name
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grpo_qwen25_7b_A3.yaml"
+
+
+def test_import_then_check_accepts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ours.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(FIXTURE), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for key in (
+        "megatron_training.use_flash_attn",
+        "megatron_training.seq_length",
+        "rl_config.rule_reward",
+        "rl_config.verifier_function",
+        "rl_config.partial_rollout_max_split",
+        "actor_config.adam_beta1",
+        "generate_config.offload_train_param",
+        "generate_config.trust_remote_code",
+    ):
+        assert f"not mapped: {key}:" in printed, key
+        assert f"#   {key}:" in out.read_text(), key
+    cfg = load_config(str(out), check=False)
+    assert cfg.rl_config.mini_batch_size == 32 * 8  # MindSpeed-RL counts prompts, we count samples
+    assert cfg.rl_config.global_batch_size == 32 and cfg.rl_config.n_samples_per_prompt == 8
+    assert cfg.rl_config.kl_coef == 0.001 and cfg.rl_config.kl_penalty == "low_var_kl"
+    assert (
+        cfg.actor_config.tensor_model_parallel_size == 4
+        and cfg.generate_config.infer_tensor_parallel_size == 4
+    )
+    assert (
+        cfg.model.path == "./Qwen2.5-7B" and cfg.model.dtype == "bfloat16" and cfg.model.arch.num_layers == 28
+    )
+    assert cfg.trainer.card == "a3" and cfg.trainer.n_devices_per_node == 16  # from the _A3 file name
+    # the 16 NPUs of actor_resource are split between rollout instances and the trainer
+    rollout = cfg.generate_config.num_instances * cfg.generate_config.infer_tensor_parallel_size
+    trainer = cfg.actor_config.tensor_model_parallel_size * cfg.actor_config.data_parallel_size
+    assert rollout + trainer <= 16 and rollout >= 4 and trainer >= 4
+    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0, capsys.readouterr().err
+
+
+def test_colocated_import_keeps_mindspeed_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sync.yaml"
+    assert (
+        cli_main(
+            ["import-config", "mindspeed-rl", str(FIXTURE), "--out", str(out), "--mode", "mindspeed-sync"]
+        )
+        == 0
+    )
+    cfg = load_config(str(out), check=False)
+    assert cfg.rl_config.mode == "mindspeed-sync" and cfg.rl_config.max_lag == 0
+    assert cfg.generate_config.num_instances == 4 and cfg.actor_config.data_parallel_size == 4
+    assert cfg.generate_config.gpu_memory_utilization == 0.4  # shares NPUs with training: kept as written
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0, capsys.readouterr().err
+
+
+def test_model_yaml_next_to_the_config_wins(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE, tmp_path / "grpo_custom_A2.yaml")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "qwen25_7b.yaml").write_text(
+        "qwen25_7b:\n  num_layers: 4\n  hidden_size: 512\n  ffn_hidden_size: 1024\n  num_attention_heads: 8\n"
+        "  group_query_attention: true\n  num_query_groups: 2\n  padded_vocab_size: 1000\n"
+        "  max_position_embeddings: 8192\n  untie_embeddings_and_output_weights: true\n"
+    )
+    out = tmp_path / "ours.yaml"
+    assert (
+        cli_main(["import-config", "mindspeed-rl", str(tmp_path / "grpo_custom_A2.yaml"), "--out", str(out)])
+        == 0
+    )
+    cfg = load_config(str(out), check=False)
+    assert (cfg.model.arch.num_layers, cfg.model.arch.num_key_value_heads, cfg.model.arch.vocab_size) == (
+        4,
+        2,
+        1000,
+    )
+    assert cfg.trainer.card == "910b" and cfg.trainer.n_devices_per_node == 8 and cfg.trainer.nnodes == 2
+
+
+def test_not_a_mindspeed_config_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text(OmegaConf.to_yaml(OmegaConf.create({"trainer": {"nnodes": 1}})))
+    out = tmp_path / "o.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(bad), "--out", str(out)]) == 2
+    assert "not a MindSpeed-RL GRPO config" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli_main(["import-config", "verl", str(FIXTURE), "--out", str(out)]) == 2
+
+
+def test_card_from_file_name() -> None:
+    assert card_from_name("configs/grpo_qwen25_7b_A3.yaml") == "a3"
+    assert card_from_name("grpo_qwen25_32b_A2_20k.yaml") == "a2"
+    assert card_from_name("grpo_trainer_qwen25_7b.yaml") is None

@@ -1,0 +1,66 @@
+"""The metrics logger writes the same rows to JSONL, TensorBoard and the console line."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+
+from asp_npu.observe import metrics as m
+
+
+def _tb_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_jsonl_tensorboard_and_console_agree(tmp_path):
+    out = io.StringIO()
+    rows = [
+        {m.REWARD_MEAN: 0.25, m.E2E_TPS: 1234.5, m.LAG_MEAN: 0.5, m.LAG_MAX: 1, m.QUEUE_OCCUPANCY: 16,
+         m.TIMING_ITERATION: 2.0, "bubbles/padding": 0.1, "mode": "asp"},
+        {m.REWARD_MEAN: 0.5, m.E2E_TPS: 2000.0, m.LAG_MEAN: 1.0, m.LAG_MAX: 1, m.QUEUE_OCCUPANCY: 0,
+         m.TIMING_ITERATION: 1.5, "bubbles/padding": float("nan")},
+    ]
+    with m.MetricsLogger(tmp_path, total_steps=4, max_lag=1, stream=out) as log:
+        for step, row in enumerate(rows, 1):
+            log.log(step, row)
+    got = m.read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2]
+    assert got[0][m.REWARD_MEAN] == 0.25 and got[0]["mode"] == "asp"
+    assert math.isnan(got[1]["bubbles/padding"])
+    scalars = _tb_scalars(tmp_path / "tensorboard")
+    assert scalars[m.REWARD_MEAN] == [(1, 0.25), (2, 0.5)]
+    assert [s for s, _ in scalars["bubbles/padding"]] == [1]  # NaN is not plotted; strings never
+    assert "mode" not in scalars
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "step 1/4" in lines[0] and "reward 0.250" in lines[0] and "1,234 tok/s" in lines[0]
+    assert "lag 0.50 (max 1/1)" in lines[0] and "queue 16" in lines[0]
+    assert lines[1].startswith("[" + "#" * 10 + "." * 10 + "]")
+
+
+def test_only_selected_sinks(tmp_path):
+    out = io.StringIO()
+    with m.MetricsLogger(tmp_path, loggers=["jsonl"], stream=out) as log:
+        log.log(1, {m.REWARD_MEAN: 1.0})
+    assert out.getvalue() == ""
+    assert not (tmp_path / "tensorboard").exists()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())[m.REWARD_MEAN] == 1.0
+    with pytest.raises(ValueError, match="wandb"):
+        m.MetricsLogger(tmp_path, loggers=["wandb"])
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "reward/mean": 0.1}\n{"step": 2, "rew')
+    assert [r["step"] for r in m.read_metrics(p)] == [1]
+
+
+def test_progress_line_without_optional_fields():
+    assert m.progress_line(3, 0, {}) == "step 3"

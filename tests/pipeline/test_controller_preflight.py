@@ -1,0 +1,75 @@
+"""Bad pipeline configs stop before any actor starts, with one clear message naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from asp_npu.config import load_config
+from asp_npu.errors import ConfigError
+from asp_npu.pipeline.preflight import device_problems, preflight, window_prompts
+
+
+def _cfg(tmp_path, *overrides):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    base = [f"model.path={model}", "trainer.device=cpu", "generate_config.num_instances=2",
+            "rl_config.n_samples_per_prompt=4", "rl_config.mini_batch_size=16"]
+    return load_config(None, base + list(overrides), check=False)
+
+
+def test_good_config_passes(tmp_path):
+    assert preflight(_cfg(tmp_path), devices_per_node=2) == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rl_config.max_lag=-1", "rl_config.max_lag: must be >= 0"),
+        ("rl_config.mini_batch_size=18", "rl_config.mini_batch_size: 18 does not hold whole groups"),
+        ("generate_config.num_instances=3", "generate_config.num_instances: 3 instances x TP 1 need 3 cores"),
+        ("rl_config.global_batch_size=6", "not a whole number of minibatches of 16"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        preflight(_cfg(tmp_path, override), devices_per_node=2)
+
+
+def test_missing_or_non_model_path(tmp_path):
+    with pytest.raises(ConfigError, match="model.path: '.*nope' does not exist"):
+        preflight(_cfg(tmp_path, f"model.path={tmp_path / 'nope'}", "model.build_if_missing=false"), 2)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="is not an HF model folder"):
+        preflight(_cfg(tmp_path, f"model.path={tmp_path / 'empty'}"), 2)
+
+
+def test_all_problems_in_one_message(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        preflight(_cfg(tmp_path, "rl_config.max_lag=-2", "generate_config.num_instances=5"), 2)
+    assert "max_lag" in str(err.value) and "num_instances" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_accelerators_split_devices_unless_colocated(tmp_path):
+    cfg = _cfg(tmp_path, "generate_config.num_instances=8", "actor_config.tensor_model_parallel_size=2")
+    assert any("rollout + 2 trainer" in p for p in device_problems(cfg, "npu", 8))
+    cfg.rl_config.mode = "mindspeed-sync"
+    assert device_problems(cfg, "npu", 8) == []
+
+
+def test_window_prompts(tmp_path):
+    assert window_prompts(_cfg(tmp_path)) == 4
+    assert window_prompts(_cfg(tmp_path, "rl_config.global_batch_size=12")) == 12
+
+
+def test_train_cli_rejects_before_any_actor(tmp_path, capsys):
+    """The CLI prints one line and exits 2; no run directory is created."""
+    from asp_npu.cli import main
+
+    run = tmp_path / "run"
+    rc = main(["train", f"trainer.run_dir={run}", "rl_config.max_lag=-1", "trainer.device=cpu"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rl_config.max_lag: must be >= 0" in err[0]
+    assert not run.exists()

@@ -1,0 +1,182 @@
+"""Unit tests per planner module: cost, padding, skewness, sorting, timeline, plan types, quality."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asp_npu.errors import UserError
+from asp_npu.schedule.baselines import fifo_plan, random_plan
+from asp_npu.schedule.cost import CostModel
+from asp_npu.schedule.padding import cut_units, groups_per_unit, intra_unit_spread, length_order
+from asp_npu.schedule.plan import Groups, RolloutPlan
+from asp_npu.schedule.planner import PlannerConfig, plan
+from asp_npu.schedule.quality import plan_quality
+from asp_npu.schedule.skewness import balance, lpt, refine
+from asp_npu.schedule.sorting import aligned_orders, max_deviation, smooth_order
+from asp_npu.schedule.timeline import timeline
+from asp_npu.types import LengthEstimate
+
+from .conftest import make_groups
+
+
+def test_cost_model_closed_form_matches_step_sum() -> None:
+    cm = CostModel(a=0.05, b=0.001, c=1e-6)
+    lens = np.array([3, 5, 9])
+    # step t: the sequences still running, each holding t tokens of KV (prompt length 0)
+    steps = [cm.step_seconds((lens > t).sum(), float(t * (lens > t).sum())) for t in range(lens.max())]
+    kv = 0.5 * np.sum(lens * lens)  # closed form: sum len^2/2 = sum len(len-1)/2 + sum len/2
+    closed = cm.unit_seconds(np.array([9.0]), np.array([17.0]), slots=8, kv_token_steps=kv)[0]
+    assert closed == pytest.approx(sum(steps) + 1e-6 * 0.5 * lens.sum(), rel=1e-9)
+    # more sequences than slots: at least total/slots steps
+    assert cm.unit_seconds(np.array([9.0]), np.array([90.0]), slots=3)[0] == pytest.approx(0.05 * 30 + 0.09)
+    with pytest.raises(ValueError):
+        CostModel(a=-1.0)
+
+
+def test_groups_per_unit_divides_minibatch_and_fits_slots() -> None:
+    assert groups_per_unit(minibatch=48, group_size=8, max_num_seqs=32, num_groups=100, num_instances=2) == 3
+    assert groups_per_unit(256, 16, 256, 1000, 8) == 16
+    assert groups_per_unit(256, 16, 256, 20, 8) == 2  # every instance gets a unit
+    assert groups_per_unit(56, 8, 32, 100, 1) == 1  # 7 groups per minibatch, prime
+
+
+def test_length_order_and_cut_units() -> None:
+    key = np.array([5.0, 1.0, 5.0, 9.0, 3.0])
+    order = length_order(key, seed=0)
+    assert key[order].tolist() == sorted(key.tolist(), reverse=True)
+    assert np.array_equal(order, length_order(key, seed=0))
+    groups, offsets = cut_units(order, 2)
+    assert offsets.tolist() == [0, 2, 4, 5]
+
+
+def test_intra_unit_spread() -> None:
+    s = intra_unit_spread(np.array([10.0, 10.0, 2.0, 4.0]), np.array([0, 2, 4]))
+    assert s.tolist() == pytest.approx([0.0, 0.25])
+
+
+def test_lpt_spreads_the_long_tail_and_refine_never_worsens() -> None:
+    costs = np.array([100.0, 90.0, 80.0] + [1.0] * 30)
+    a = lpt(costs, 3)
+    assert len(set(a[:3].tolist())) == 3  # the three longest on different instances
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        c = rng.lognormal(0, 1.5, 60)
+        base = lpt(c, 5)
+        before = np.bincount(base, weights=c, minlength=5).max()
+        after = np.bincount(refine(c, base.copy(), 5), weights=c, minlength=5).max()
+        assert after <= before + 1e-9
+    assert balance(np.array([3.0, 3.0, 2.0, 2.0, 2.0]), 2).tolist() is not None
+
+
+def test_refine_improves_a_bad_assignment() -> None:
+    c = np.array([5.0, 4.0, 3.0, 3.0, 3.0])
+    bad = np.array([0, 0, 0, 1, 1])
+    out = refine(c, bad.copy(), 2)
+    loads = np.bincount(out, weights=c, minlength=2)
+    assert loads.max() == 9.0
+
+
+def test_smooth_order_tracks_the_line_better_than_sorted() -> None:
+    rng = np.random.default_rng(2)
+    d = rng.lognormal(0, 1.0, 200)
+    n = np.full(200, 64)
+    o = smooth_order(d, n)
+    assert sorted(o.tolist()) == list(range(200))
+    assert max_deviation(d, n, o) < 0.25 * max_deviation(d, n, np.argsort(d))
+
+
+def test_aligned_orders_are_permutations_with_a_common_rank_pattern() -> None:
+    rng = np.random.default_rng(3)
+    ds = [rng.lognormal(0, 1, m) for m in (10, 11, 9)]
+    ns = [np.ones(m) for m in (10, 11, 9)]
+    for tmpl in ("smooth", "descending"):
+        orders = aligned_orders(ds, ns, tmpl)
+        for d, o in zip(ds, orders, strict=True):
+            assert sorted(o.tolist()) == list(range(d.size))
+        if tmpl == "descending":
+            assert all(np.all(np.diff(d[o]) <= 0) for d, o in zip(ds, orders, strict=True))
+
+
+def test_timeline_synchronous_when_max_lag_zero() -> None:
+    # 2 instances, units of 2 samples, minibatch 4: the second pair waits for trainer step 0 to end
+    tl = timeline(
+        [[0, 2], [1, 3]],
+        np.array([1.0, 3.0, 1.0, 1.0]),
+        np.full(4, 2),
+        minibatch=4,
+        max_lag=0,
+        train_step_s=2.0,
+    )
+    assert tl.start.tolist() == [0.0, 0.0, 5.0, 5.0]
+    assert tl.step_end.tolist() == [5.0, 8.0]
+    assert tl.target_step.tolist() == [0, 0, 1, 1]
+    assert tl.admission_wait_s == pytest.approx(2.0 + 4.0)  # instance 0 waits 1->5, instance 1 waits 3->5
+    loose = timeline([[0, 2], [1, 3]], np.array([1.0, 3.0, 1.0, 1.0]), np.full(4, 2), 4, 1, 2.0)
+    assert loose.start[2] == 1.0  # one version of slack: no wait
+
+
+def test_groups_from_estimates_and_validation() -> None:
+    g = Groups.from_estimates(
+        [
+            ("a", [0, 1], LengthEstimate("a", 10, 9, 20, "history")),
+            ("b", [0, 1], LengthEstimate("b", 5, 5, 6, "history")),
+        ]
+    )
+    assert g.group_size == 2 and g.num_samples == 4
+    with pytest.raises(ValueError, match="differ in size"):
+        Groups.from_estimates(
+            [("a", [0], LengthEstimate("a", 1, 1, 1, "x")), ("b", [0, 1], LengthEstimate("b", 1, 1, 1, "x"))]
+        )
+    with pytest.raises(ValueError, match="finite and > 0"):
+        Groups(np.array(["a"]), np.array([[0]]), np.array([0.0]), np.array([1.0]), np.array([1.0]))
+
+
+def test_config_and_input_validation() -> None:
+    g = make_groups(4, 4, "lognormal", 0)
+    for bad in (dict(num_instances=0), dict(minibatch=6), dict(max_lag=-1), dict(max_num_seqs=0)):
+        kw = dict(num_instances=2, minibatch=8, group_size=4) | bad
+        with pytest.raises(ValueError):
+            plan(g, PlannerConfig(**kw))
+    with pytest.raises(ValueError, match="group_size"):
+        plan(g, PlannerConfig(num_instances=2, minibatch=8, group_size=2))
+
+
+def test_dispatch_units_and_summary() -> None:
+    g = make_groups(40, 4, "lognormal", 1)
+    cfg = PlannerConfig(num_instances=3, minibatch=16, group_size=4, max_num_seqs=16)
+    p = plan(g, cfg)
+    units = [u for inst in p.instances for u in inst]
+    assert len(units) == p.summary["units"] and sum(len(u.samples) for u in units) == 160
+    assert all(len(u.prompt_ids) * 4 == len(u.samples) for u in units)
+    for key in ("samples", "instances", "units", "predicted_makespan", "lower_bound", "plan_seconds"):
+        assert key in p.summary
+    # unit ids follow planned start time
+    assert np.all(np.diff(p.unit_start) >= 0)
+
+
+def test_from_json_rejects_other_schemas() -> None:
+    with pytest.raises(UserError, match="schema"):
+        RolloutPlan.from_json('{"schema": "asp-plan/0"}')
+    with pytest.raises(UserError, match="not valid JSON"):
+        RolloutPlan.from_json("{")
+
+
+def test_asp_beats_fifo_and_random_on_padding_and_balance() -> None:
+    """Planned on predictions, measured on noisy 'actual' lengths around them."""
+    rng = np.random.default_rng(5)
+    g = make_groups(600, 8, "bimodal", 5)
+    actual_by_group = g.mean[:, None] * rng.lognormal(0, 0.3, (600, 8))
+    cfg = PlannerConfig(num_instances=8, minibatch=64, group_size=8, max_num_seqs=64, max_lag=4)
+    res = {}
+    for name, fn in (("asp", plan), ("fifo", fifo_plan), ("random", random_plan)):
+        p = fn(g, cfg)
+        actual = actual_by_group[p.sample_group, np.arange(p.num_samples) % 8]
+        res[name] = plan_quality(p, actual, cfg)
+    assert res["asp"]["intra_unit_spread_mean"] < 0.7 * min(
+        res["fifo"]["intra_unit_spread_mean"], res["random"]["intra_unit_spread_mean"]
+    )
+    assert res["asp"]["token_load_max_over_mean"] < 1.10
+    assert res["asp"]["realised_makespan"] < min(
+        res["fifo"]["realised_makespan"], res["random"]["realised_makespan"]
+    )

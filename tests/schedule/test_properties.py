@@ -1,0 +1,94 @@
+"""Hypothesis properties of every plan (ASP and the baselines) on many input shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asp_npu.schedule.baselines import fifo_plan, random_plan
+from asp_npu.schedule.plan import RolloutPlan
+from asp_npu.schedule.planner import PlannerConfig, check_lag_bound, plan
+
+from .conftest import SHAPES, make_groups
+
+
+@st.composite
+def cases(draw):
+    g = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    n_groups = draw(st.integers(1, 70))
+    shape = draw(st.sampled_from(SHAPES))
+    cfg = PlannerConfig(
+        num_instances=draw(st.integers(1, 12)),
+        minibatch=g * draw(st.integers(1, 7)),
+        group_size=g,
+        max_num_seqs=draw(st.integers(1, 40)),
+        max_lag=draw(st.integers(0, 3)),
+        train_step_s=draw(st.sampled_from([0.0, 0.5, 30.0])),
+        seed=draw(st.integers(0, 3)),
+    )
+    return make_groups(n_groups, g, shape, draw(st.integers(0, 10_000))), cfg
+
+
+def _check(groups, cfg, result: RolloutPlan) -> None:
+    # every sample exactly once
+    got = sorted(zip(result.sample_prompt_ids.tolist(), result.sample_idx.tolist(), strict=True))
+    want = sorted(
+        (p, int(s))
+        for p, row in zip(groups.prompt_ids.tolist(), groups.sample_idxs, strict=True)
+        for s in row
+    )
+    assert got == want
+    # groups intact: all of a group's samples in one unit (hence one instance), contiguous
+    unit_of = result.sample_unit
+    for gi in np.unique(result.sample_group):
+        rows = np.flatnonzero(result.sample_group == gi)
+        assert rows.size == cfg.group_size and np.all(np.diff(rows) == 1)
+        assert np.unique(unit_of[rows]).size == 1
+    # unit size: whole groups, at most a minibatch
+    sizes = result.unit_sizes
+    assert np.all(sizes > 0) and np.all(sizes % cfg.group_size == 0) and np.all(sizes <= cfg.minibatch)
+    assert np.all(result.unit_instance >= 0) and np.all(result.unit_instance < cfg.num_instances)
+    # instances run their units back to back or later, never overlapping
+    for ids in result.instance_units:
+        assert np.all(result.unit_start[ids][1:] >= result.unit_finish[ids][:-1] - 1e-9)
+    # the lag bound, checked independently of the planner's bookkeeping
+    assert check_lag_bound(result, cfg) == []
+    assert result.summary["max_planned_lag"] <= cfg.max_lag
+    assert result.summary["predicted_makespan"] >= result.summary["lower_bound"] * (1 - 1e-9)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_asp_plan_properties(case) -> None:
+    groups, cfg = case
+    result = plan(groups, cfg)
+    _check(groups, cfg, result)
+    # deterministic for a seed
+    again = plan(groups, cfg)
+    assert np.array_equal(again.sample_group, result.sample_group)
+    assert np.array_equal(again.unit_instance, result.unit_instance)
+    assert np.array_equal(again.unit_start, result.unit_start)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_baseline_plan_properties(case) -> None:
+    groups, cfg = case
+    for fn in (fifo_plan, random_plan):
+        _check(groups, cfg, fn(groups, cfg))
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases())
+def test_json_roundtrip(case) -> None:
+    groups, cfg = case
+    result = plan(groups, cfg)
+    back = RolloutPlan.from_json(result.to_json())
+    assert np.array_equal(back.sample_prompt_ids, result.sample_prompt_ids)
+    assert np.array_equal(back.sample_idx, result.sample_idx)
+    assert np.array_equal(back.unit_offsets, result.unit_offsets)
+    assert np.array_equal(back.unit_instance, result.unit_instance)
+    assert np.array_equal(back.unit_target_step, result.unit_target_step)
+    assert np.allclose(back.unit_start, result.unit_start, rtol=1e-5)
+    assert back.summary == result.summary

@@ -1,0 +1,103 @@
+"""Shared helpers for trainer tests: a tiny random Qwen2 HF folder, hand-made batches, multi-rank runs."""
+
+from __future__ import annotations
+
+import os
+import random
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.types import TrainBatch, Trajectory
+
+VOCAB = 203  # odd on purpose: TP=2 needs vocabulary padding
+
+
+def make_hf_model(out: Path, tied: bool, seed: int = 0, layers: int = 2) -> Path:
+    """A random Qwen2ForCausalLM (GQA 4 heads / 2 kv heads, non-zero q/k/v biases) saved as an HF folder."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tied, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out)
+    return out
+
+
+def make_batch(groups: int = 3, group_size: int = 4, seed: int = 0, version: int = 0,
+               behaviour_shift: float = 0.0) -> TrainBatch:
+    """Groups with varied prompt/response lengths and rewards; behaviour logprobs are made up."""
+    rng = random.Random(seed)
+    trajs = []
+    for g in range(groups):
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 8))]
+        for s in range(group_size):
+            resp = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 12))]
+            trajs.append(Trajectory(
+                prompt_id=f"p{g}", sample_idx=s, prompt_token_ids=prompt, response_token_ids=resp,
+                logprobs=[-5.3 + behaviour_shift + 0.1 * rng.random() for _ in resp], finish_reason="stop",
+                reward=float(rng.random() < 0.5) + 0.1 * s, policy_version=version))
+    return TrainBatch(trajectories=trajs, group_size=group_size)
+
+
+def trainer_config(model_dir: Path, tp: int = 1, pp: int = 1, dp: int = 1, **rl: Any) -> Config:
+    cfg = Config()
+    cfg.model.path = str(model_dir)
+    cfg.trainer.device = "cpu"
+    a = cfg.actor_config
+    a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size = tp, pp, dp
+    a.micro_batch_size, a.lr, a.clip_grad, a.num_threads = 3, 1e-3, 1.0, 1
+    for k, v in rl.items():
+        target = cfg.actor_config if hasattr(cfg.actor_config, k) else cfg.rl_config
+        setattr(target, k, v)
+    return cfg
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+                       "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        queue.put((rank, "ok", fn(rank, world, port, *args)))
+    except BaseException:  # noqa: BLE001  (report any failure to the parent)
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 240.0) -> list[Any]:
+    """Run `fn(rank, world, port, *args)` in `world` fresh spawned processes; returns results by rank."""
+    import multiprocessing as mp
+
+    from asp_npu.trainer.parallel import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, status, value = queue.get(timeout=timeout)
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world)]
