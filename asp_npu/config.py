@@ -73,6 +73,7 @@ class GenerateConfig:
     gpu_memory_utilization: float = 0.8  # NPU/CUDA
     enforce_eager: bool = True
     max_model_len: int = 0  # prompt + response tokens per sequence; 0 = max_prompt_length + max_tokens
+    admission: str = "continuous"  # pipeline: a unit starts when its samples fit in free slots | "unit"
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -141,7 +142,7 @@ class SFTConfig:
 
     steps: int = 300
     batch_size: int = 32  # examples per optimizer step
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak: linear warm-up over 5% of the steps, cosine decay to 10%
     num_examples: int = 4096  # generated task examples (seed below, distinct from the RL prompts)
     max_items: int = 16  # cap on answer items of the training examples (keeps CPU steps short)
     eval_prompts: int = 64  # first N RL prompts (data section) scored greedily by exact match
@@ -188,6 +189,8 @@ def validate(cfg: Config) -> list[str]:
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
         if getattr(act, name) < 1:
             problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
+    if gen.admission not in ("continuous", "unit"):
+        problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
         problems.append(f"trainer.device: '{cfg.trainer.device}' is not auto|cpu|npu|cuda")
     if cfg.trainer.train_iters < 1:

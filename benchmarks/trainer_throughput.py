@@ -1,7 +1,7 @@
 """Trainer throughput (tokens/s of GRPO train_step) of the megatron-core trainer at several TP/PP/DP layouts.
 
 Usage: .venv/bin/python benchmarks/trainer_throughput.py [--layouts 1x1x1,2x1x1] [--steps 8] [--runs 3]
-       [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--json]
+       [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--threads 0] [--json]
 
 Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on the same model
 (`asp-npu init-model` tiny/small, built into a temp folder) and the same synthetic batches
@@ -41,7 +41,9 @@ def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int) -> Trai
     return TrainBatch(trajs, group_size)
 
 
-def measure(model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int) -> dict:
+def measure(
+    model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int, threads: int
+) -> dict:
     from asp_npu.config import Config
     from asp_npu.trainer.group import TrainerGroup
 
@@ -51,7 +53,7 @@ def measure(model_dir: str, layout: tuple[int, int, int], batches: list[TrainBat
     a = cfg.actor_config
     a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size = layout
     a.micro_batch_size = mbs
-    a.num_threads = max(1, (os.cpu_count() or 1) // (layout[0] * layout[1] * layout[2]))
+    a.num_threads = threads or max(1, (os.cpu_count() or 1) // (layout[0] * layout[1] * layout[2]))
     group = TrainerGroup(cfg, cpus_per_rank=0)
     try:
         group.train_step(batches[0])  # warm-up
@@ -74,6 +76,7 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = cores / ranks)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for k, v in {
@@ -94,7 +97,7 @@ def main() -> int:
         runs: dict[str, list[dict]] = {"x".join(map(str, lay)): [] for lay in layouts}
         for r in range(args.runs):
             for lay in layouts:
-                res = measure(model, lay, batches, args.micro_batch_size)  # type: ignore[arg-type]
+                res = measure(model, lay, batches, args.micro_batch_size, args.threads)  # type: ignore[arg-type]
                 runs["x".join(map(str, lay))].append(res)
                 if not args.json:
                     print(

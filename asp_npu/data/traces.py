@@ -10,6 +10,7 @@ The generator's model and the source of each default are documented in docs/trac
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,7 +183,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
 
 def trace_lines(trace: Trace, chunk: int = 100_000):
     """Yield JSONL text chunks (many rows each) without one dict per row."""
-    names = trace.prompt_names
+    names = json_escaped(trace.prompt_names)
     for lo in range(0, len(trace), chunk):
         hi = min(lo + chunk, len(trace))
         pid = names[trace.prompt_code[lo:hi]].tolist()
@@ -199,12 +200,17 @@ def trace_lines(trace: Trace, chunk: int = 100_000):
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
-    """Atomically write `trace` as JSONL (prompt ids must not need JSON escaping)."""
+    """Atomically write `trace` as JSONL."""
     check_writable(path)
-    bad = [n for n in trace.prompt_names[:1000].tolist() if '"' in n or "\\" in n]
-    if bad:
-        raise UserError(f"prompt id {bad[0]!r} needs JSON escaping; use plain ids")
     return atomic_write(path, "".join(trace_lines(trace)))
+
+
+def json_escaped(names: np.ndarray) -> np.ndarray:
+    """String contents as they appear between JSON quotes (escaped only where needed)."""
+    as_list = names.tolist()
+    if all(n.isprintable() and '"' not in n and "\\" not in n for n in as_list):
+        return names
+    return np.array([json.dumps(n)[1:-1] for n in as_list], dtype=str)
 
 
 # ----------------------------------------------------------------------------------------- synthetic

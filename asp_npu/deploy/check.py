@@ -111,7 +111,10 @@ def _sim_estimate(cfg: Config, lay: Layout) -> tuple[list[dict] | None, str]:
     """The simulator's iteration time / throughput for ASP and mindspeed-sync on this layout."""
     from asp_npu.deploy.estimate import estimate
 
-    return estimate(cfg, lay)
+    try:
+        return estimate(cfg, lay)
+    except Exception as exc:  # the estimate is optional: a simulator failure must not hide the check
+        return None, f"simulator failed on this layout ({type(exc).__name__}: {str(exc).splitlines()[0]})"
 
 
 def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout:

@@ -21,6 +21,7 @@ from asp_npu.deploy.layout import Layout
 
 HBM_BYTES_PER_S = 1.6e12  # Ascend 910B HBM bandwidth per NPU (an A3 die is taken as the same)
 ITERATIONS = 8
+ASP_LAG_FOR_SYNC_CONFIGS = 2  # a synchronous (lag 0) config: ASP is estimated at the shipped configs' lag
 
 
 def _kv_bytes_per_token(lay: Layout, dtype_bytes: int) -> float:
@@ -56,14 +57,18 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
         to_train_s=c.to_train_s * scale,
         to_infer_s=c.to_infer_s * scale,
     )
-    devices = lay.trainer_npus if lay.colocated else lay.rollout_npus + lay.trainer_npus
+    devices = lay.rollout_npus + lay.trainer_npus
+    if lay.colocated:
+        devices = max(lay.rollout_npus, lay.trainer_npus)
+    rank_devices = act.tensor_model_parallel_size * act.pipeline_model_parallel_size
     cluster = Cluster(
         devices=devices,
         infer_tp=itp,
         max_num_seqs=gen.max_num_seqs,
-        min_trainer_devices=min(lay.trainer_npus, devices - itp) if lay.colocated else lay.trainer_npus,
+        # a colocated config gives ASP the best simulated split (>= one trainer DP rank); else the layout's
+        min_trainer_devices=rank_devices if lay.colocated else lay.trainer_npus,
         sweep_trainer_devices=lay.trainer_npus,
-        split="rule",
+        split="search" if lay.colocated else "rule",
     )
     n = rl.n_samples_per_prompt
     ppi = rl.global_batch_size or max(1, rl.mini_batch_size // n)
@@ -82,7 +87,7 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     )
     rls = RLSpec(
         mini_batch_size=rl.mini_batch_size,
-        max_lag=rl.max_lag,
+        max_lag=max(rl.max_lag, ASP_LAG_FOR_SYNC_CONFIGS) if lay.colocated else rl.max_lag,
         sync_every_minibatches=rl.weight_refresh_interval,
         predictor=rl.predictor if rl.predictor in ("history", "prompt-len", "oracle") else "history",
         executor="stream",
@@ -143,6 +148,12 @@ def estimate(cfg: Config, lay: Layout) -> tuple[list[dict[str, Any]] | None, str
     note = (
         f"simulator estimate ({ITERATIONS} iterations of {preset.workload.prompts_per_iteration} prompts x "
         f"{preset.workload.n_samples_per_prompt}, synthetic reasoning lengths capped at "
-        f"{preset.workload.synth['max_len']} tokens, {preset.notes[0]}; not a measurement):"
+        f"{preset.workload.synth['max_len']} tokens, {preset.notes[0]}"
+        + (
+            f"; ASP on its best simulated split of the same NPUs at max_lag {preset.rl.max_lag}"
+            if lay.colocated
+            else ""
+        )
+        + "; not a measurement):"
     )
     return rows, note

@@ -333,6 +333,11 @@ def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | Non
                 tr.set(key, _DIRECT[leaf], value)
                 if leaf == "tokenizer_name_or_path":
                     tr.set(key, "model.build_if_missing", False)
+                if leaf == "data_path":
+                    tr.notes.append(
+                        f"data.data_path={value}: MindSpeed-RL's is a preprocessed Megatron-format "
+                        "prefix; point it at the JSONL/Parquet file you preprocessed"
+                    )
             elif top in ("megatron_training", "actor_config") and leaf == "seed":
                 tr.set(key, "actor_config.seed", int(value))
                 tr.set(key, "data.seed", int(value))
@@ -552,7 +557,7 @@ def main(argv: list[str]) -> int:
     text = render_yaml(tr, src)
     atomic_write(args.out, text)
     load_config(args.out, check=False)  # what we wrote must load
-    print(f"wrote {args.out}: mapped {len(tr.mapped)} key(s), could not map {len(tr.unmapped)}")
+    print(f"wrote {args.out}: mapped {len(set(tr.mapped))} key(s), could not map {len(tr.unmapped)}")
     for n in tr.notes:
         print(f"note: {n}")
     for k, why in tr.unmapped:

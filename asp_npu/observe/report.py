@@ -66,7 +66,7 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     ax.set(title="reward (mean per trainer step)", xlabel="trainer step", ylabel="reward")
 
     ax = axes[0][1]
-    for key, label in ((E2E_TPS, "end-to-end (consumed tokens/s)"), (VLLM_TPS, "vLLM per busy instance")):
+    for key, label in ((E2E_TPS, "end-to-end (consumed tokens/s)"), (VLLM_TPS, "generated, per instance")):
         xs, ys = _series(rows, key)
         if ys:
             ax.plot(xs, ys, marker="o", ms=3, label=label)
@@ -110,7 +110,7 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         for i, n in enumerate(names):
             ax.text(bubbles[n], i, f" {bubbles[n]:.1%}", va="center", fontsize=8)
         ax.set_xlim(0, 1.15)
-    ax.set(title="rollout slot-time breakdown", xlabel="share of instance slot-seconds")
+    ax.set(title="device-time breakdown (bubble accounting)", xlabel="share of device-seconds")
 
     ax = axes[1][2]
     xs, ys = _series(rows, TIMING_ITERATION)

@@ -22,13 +22,14 @@ resume + refresh). Everything the run produced goes to the run directory (see `r
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -106,9 +107,13 @@ class Controller:
 
     def __init__(self, cfg: Config, run: rd.RunDir, prompts: list[PromptItem], kind: str = "cpu",
                  console: bool = True, label: str = "") -> None:
+        cfg = copy.deepcopy(cfg)
         rl = cfg.rl_config
         self.cfg, self.run_dir, self.kind, self.label = cfg, run, kind, label
         self.spec: ModeSpec = mode_spec(rl.mode)
+        if not self.spec.fixed_admission:
+            self.spec = replace(self.spec, admission=cfg.generate_config.admission)
+        self._place_trainer_threads()
         self.G = rl.n_samples_per_prompt
         self.M = rl.mini_batch_size
         self.mb_groups = self.M // self.G
@@ -162,16 +167,28 @@ class Controller:
         self._last_step_end = 0.0
         self._arrived_tokens_since = 0
         self._pending_row: dict[str, Any] = {}
+        self._lent_since: float | None = None
         self.auto_plan = not self.spec.colocated  # async modes plan the next window when work runs dry
 
     # ------------------------------------------------------------------ lifecycle
+    def _place_trainer_threads(self) -> None:
+        """CPU placement: a colocated trainer gets every core while the engines sleep; a disaggregated
+        one gets the cores the instances leave (at least one), so engines and trainer do not fight
+        over the same cores with oversubscribed OpenMP threads. An explicit num_threads wins."""
+        act, gen = self.cfg.actor_config, self.cfg.generate_config
+        if self.kind != "cpu" or act.num_threads:
+            return
+        from asp_npu.device import available_devices
+
+        cores = available_devices("cpu")
+        world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+        free = cores if self.spec.colocated else cores - gen.num_instances * gen.infer_tensor_parallel_size
+        act.num_threads = max(1, free // world)
+
     def _make_predictor(self) -> Any:
         from asp_npu.predict.factory import make_predictor
 
-        name = self.cfg.rl_config.predictor
-        if name == "oracle":
-            raise UserError("rl_config.predictor: 'oracle' needs the true lengths; use history or prompt-len")
-        return make_predictor(name)
+        return make_predictor(self.cfg.rl_config.predictor)
 
     def start(self) -> None:
         """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
@@ -313,30 +330,50 @@ class Controller:
             return any(not q for q in self.pending)
         return not self.pull
 
+    def _outstanding(self, i: int) -> int:
+        """Samples submitted to instance i and not yet delivered."""
+        units = (self.units[u] for u in self.inflight_units[i])
+        return sum(len(u.samples) - u.done_groups * self.G for u in units)
+
+    def _room(self, i: int) -> bool:
+        """Unit admission: the running unit plus `lookahead_units` queued; continuous: a sample backlog."""
+        if self.spec.admission == "unit":
+            return len(self.inflight_units[i]) <= self.spec.lookahead_units
+        return self.spec.colocated or self._outstanding(i) < 2 * self.slots
+
     def dispatch(self, now: float) -> None:
-        """Submit admitted units to instances up to the mode's lookahead."""
+        """Submit admitted units, least-loaded instance first, up to each instance's room."""
         import ray
 
         from asp_npu.rollout.instance import UnitSpec
 
-        for i in range(self.K):
-            while len(self.inflight_units[i]) <= self.spec.lookahead_units:
-                uid = self._next_unit_for(i)
-                if uid is None and self.auto_plan and self._window_ready() and self.plan_window() is not None:
-                    uid = self._next_unit_for(i)
-                if uid is None:
+        done: set[int] = set()
+        while True:
+            for i in range(self.K):
+                if i not in done and not self._room(i):
                     self.inst_records[i].set_blocked(now, False)
-                    break
-                pu = self.units[uid]
-                ok = ray.get(self.queue.admit.remote(pu.groups, self.inst_version[i] // self.k))
-                if not ok:
-                    self.inst_records[i].set_blocked(now, not self.inflight_units[i])
-                    break
+                    done.add(i)
+            cands = [i for i in range(self.K) if i not in done]
+            if not cands:
+                return
+            i = min(cands, key=lambda j: (self._outstanding(j), j))
+            uid = self._next_unit_for(i)
+            if uid is None and self.auto_plan and self._window_ready() and self.plan_window() is not None:
+                uid = self._next_unit_for(i)
+            if uid is None:
                 self.inst_records[i].set_blocked(now, False)
-                self._pop_unit_for(i)
-                pu.submitted_to, pu.t_submit = i, now
-                self.instances[i].submit_units.remote([UnitSpec(uid, tuple(pu.samples))])
-                self.inflight_units[i].add(uid)
+                done.add(i)
+                continue
+            pu = self.units[uid]
+            if not ray.get(self.queue.admit.remote(pu.groups, self.inst_version[i] // self.k)):
+                self.inst_records[i].set_blocked(now, not self.inflight_units[i])
+                done.add(i)
+                continue
+            self.inst_records[i].set_blocked(now, False)
+            self._pop_unit_for(i)
+            pu.submitted_to, pu.t_submit = i, now
+            self.instances[i].submit_units.remote([UnitSpec(uid, tuple(pu.samples))])
+            self.inflight_units[i].add(uid)
 
     def on_arrivals(self, rows: list[dict[str, Any]]) -> None:
         for r in rows:
@@ -351,16 +388,20 @@ class Controller:
             self.tokens_arrived += int(r["tokens"])
 
     # ------------------------------------------------------------------ weights
-    def _publish_weights(self) -> None:
-        """Gather the trainer's HF weights once and put them in the object store for every instance."""
+    def _gather_weights(self) -> tuple[bytes, float, float]:
+        """The trainer's full HF weights as safetensors bytes (trainer thread; the trainer is paused)."""
+        t0 = time.time()
+        blob = self.trainer.get_hf_weights().to_safetensors_bytes(self.cfg.model.dtype)
+        return blob, t0, time.time()
+
+    def _publish_weights(self, gathered: tuple[bytes, float, float] | None = None) -> None:
+        """Put the new weights in the object store once; every instance pulls them from there."""
         import ray
 
-        t0 = time.time()
-        weights = self.trainer.get_hf_weights()
-        blob = weights.to_safetensors_bytes(self.cfg.model.dtype)
+        blob, t0, t1 = gathered or self._gather_weights()
         self.blob_ref = ray.put(blob)
         self.blob_version = self.version
-        self.trainer_record.paused.append((t0, time.time()))
+        self.trainer_record.paused.append((t0, t1))
 
     def refresh_instances(self, now: float) -> None:
         """Start a refresh on every instance behind the latest weights (one in flight per instance)."""
@@ -389,10 +430,12 @@ class Controller:
                 self.refreshing[i] = None
 
     # ------------------------------------------------------------------ training
-    def _train(self, batch: TrainBatch) -> tuple[dict[str, float], float, float]:
+    def _train(self, batch: TrainBatch, gather: bool = False) -> tuple[dict[str, float], float, float, Any]:
+        """One trainer step; with `gather`, also the new weights for a refresh (same thread, in order)."""
         t0 = time.time()
         out = self.trainer.train_step(batch)
-        return out, t0, time.time()
+        t1 = time.time()
+        return out, t0, t1, self._gather_weights() if gather else None
 
     def _on_step(self, handout: dict[str, Any], out: dict[str, float], t0: float, t1: float,
                  waited_s: float, extra: dict[str, float] | None = None) -> None:
@@ -502,14 +545,13 @@ class Controller:
                 last_progress = time.time()
             self.poll_refreshes()
             if train_future is not None and train_future.done():
-                out, t0, t1 = train_future.result()
+                out, t0, t1, gathered = train_future.result()
                 assert handout is not None
                 self._on_step(handout, out, t0, t1, t0 - waited_from)
                 train_future, handout = None, None
-                if self.step % self.k == 0 or self.step == self.total_steps:
-                    if self.step < self.total_steps:
-                        self._publish_weights()
-                        self.refresh_instances(time.time())
+                if gathered is not None:
+                    self._publish_weights(gathered)
+                    self.refresh_instances(time.time())
                 self._log_row()
                 self._maybe_save()
                 waited_from = time.time()
@@ -519,7 +561,8 @@ class Controller:
                 if h is not None:
                     handout = h
                     batch = TrainBatch(h["trajectories"], self.G, self.step)
-                    train_future = self._pool.submit(self._train, batch)
+                    refresh = (self.step + 1) % self.k == 0 and self.step + 1 < self.total_steps
+                    train_future = self._pool.submit(self._train, batch, refresh)
             self._progress_guard(last_progress, self.cfg.trainer.stall_timeout_s)
 
     def _run_sync(self) -> None:
@@ -528,6 +571,7 @@ class Controller:
 
         for _ in range(self.n_windows):
             t_gen = time.time()
+            self._end_lent(t_gen)
             # wake up: resume engines, load the newest weights everywhere, then generate
             ray.get([a.resume.remote() for a in self.instances])
             if self.blob_ref is not None:
@@ -561,21 +605,27 @@ class Controller:
                 h = ray.get(self.queue.get_batch.remote(30.0))
                 if h is None:
                     raise UserError("mindspeed-sync: the queue refused a minibatch of a generated window")
-                out, t0, t1 = self._train(TrainBatch(h["trajectories"], self.G, self.step))
+                out, t0, t1, _ = self._train(TrainBatch(h["trajectories"], self.G, self.step))
                 self._on_step(h, out, t0, t1, t_train - t_gen if _s == 0 else t0 - waited_from)
                 if self.step % self.steps_per_window == 0 and self.step < self.total_steps:
                     self._publish_weights()
                 self._log_row()
                 self._maybe_save()
-            t_back = time.time()
+            self._lent_since = t_train
+
+    def _end_lent(self, t: float) -> None:
+        """Colocated: the devices go back from the trainer to the engines (or the run ends)."""
+        if self._lent_since is not None:
             for rec in self.inst_records:
-                rec.lent.append((t_train, t_back))
+                rec.lent.append((self._lent_since, t))
+            self._lent_since = None
 
     # ------------------------------------------------------------------ results
     def _finish(self, stats: list[dict[str, Any]], series: dict[str, Any], t_end: float) -> dict[str, Any]:
         from asp_npu.observe import timeline
         from asp_npu.observe.bubbles import account
 
+        self._end_lent(t_end)
         for rec in self.inst_records:
             rec.close(t_end)
         labels = {u.uid: f"w{u.window}/u{u.uid}" for u in self.units.values()}

@@ -15,7 +15,8 @@ they differ only in what the real systems differ in:
                    first, bounded by the same lag cache. Partial rollout (interrupt + resume under new
                    weights) is not implemented: unfinished long samples keep generating ("keep" mode).
 - `mindspeed-sync` MindSpeed-RL integrated worker: colocated and strictly alternating. Per global batch:
-                   engines wake, weights refresh, all instances generate the whole batch (FIFO), engines
+                   engines wake, weights refresh, all instances generate the whole batch (FIFO, vLLM
+                   continuous batching over all of it, as MindSpeed-RL hands vLLM the whole batch), engines
                    sleep (free memory where vLLM can; on CPU they stop), then the trainer runs every
                    minibatch step of that batch.
 """
@@ -39,17 +40,19 @@ class ModeSpec:
     queue_order: str  # TrainQueue handout order among due groups: "fifo" | "shortest"
     colocated: bool  # strictly alternating rollout / training on the same devices
     refresh_per_window: bool  # weights refresh once per global batch instead of every k steps
-    lookahead_units: int  # units submitted ahead of the running one (per instance)
+    lookahead_units: int  # unit admission: units queued behind the running one (continuous: a sample backlog)
     fixed_lag: int | None = None  # lag bound the mode implies (None: rl_config.max_lag)
+    fixed_admission: bool = False  # False: generate_config.admission decides (same for asp and fifo)
 
 
 SPECS = {
     "asp": ModeSpec("asp", "asp", "static", "unit", "fifo", False, False, 1),
     "async-fifo": ModeSpec("async-fifo", "fifo", "pull", "unit", "fifo", False, False, 1),
     "one-step-off": ModeSpec("one-step-off", "fifo", "pull", "unit", "fifo", False, True, 1, fixed_lag=1),
-    "sortedrl": ModeSpec("sortedrl", "fifo", "pull", "continuous", "shortest", False, False, 1_000_000),
-    "mindspeed-sync": ModeSpec("mindspeed-sync", "fifo", "pull", "unit", "fifo", True, True, 1_000_000,
-                               fixed_lag=0),
+    "sortedrl": ModeSpec("sortedrl", "fifo", "pull", "continuous", "shortest", False, False, 1,
+                         fixed_admission=True),
+    "mindspeed-sync": ModeSpec("mindspeed-sync", "fifo", "pull", "continuous", "fifo", True, True, 1,
+                               fixed_lag=0, fixed_admission=True),
 }
 
 

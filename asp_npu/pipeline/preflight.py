@@ -62,6 +62,8 @@ def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
                 f"rl_config.global_batch_size: {rl.global_batch_size} prompts x {rl.n_samples_per_prompt} "
                 f"samples is not a whole number of minibatches of {rl.mini_batch_size}"
             )
+    if rl.predictor not in ("history", "prompt-len"):
+        problems.append(f"rl_config.predictor: '{rl.predictor}' cannot run online (history|prompt-len)")
     if rl.global_batch_size < 0:
         problems.append(f"rl_config.global_batch_size: must be >= 0 (got {rl.global_batch_size})")
     try:

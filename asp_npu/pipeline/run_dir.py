@@ -6,12 +6,14 @@
     samples.jsonl      the consumption ledger: one row per trained sample (prompt_id, sample_idx,
                        policy_version, step, instance, response_len, reward) - lag = step - version
     queue.jsonl        TrainQueue occupancy over time (t, occupancy, admitted, consumed, version)
-    events.jsonl       the event log the bubble accounting reads (instances, queue, trainer)
+    events.json        the event log the bubble accounting reads (asp-events/1 JSON: instances, queue,
+                       trainer; `asp_npu.observe.events.EventLog.read`)
     plans/             the RolloutPlan of each planning window (asp-plan/1 JSON)
     timeline.json      Perfetto / Chrome trace of instances, queue and trainer
     summary.json       run totals (throughput, iteration time, lag, bubbles, planned vs done)
     checkpoints/       trainer checkpoints
     report.png         the one-page report (`asp-npu report RUN_DIR` redraws it)
+    warm_start/        the SFT warm-started HF model the run started from (model.warm_start_steps > 0)
 
 Only these names are ever deleted when a run directory is reused, so a user's own files survive.
 """
@@ -31,13 +33,15 @@ METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 SAMPLES = "samples.jsonl"
 QUEUE = "queue.jsonl"
-EVENTS = "events.jsonl"
+EVENTS = "events.json"
 PLANS = "plans"
 TIMELINE = "timeline.json"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 REPORT = "report.png"
-OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT)
+WARM_START = "warm_start"
+OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT,
+         WARM_START)
 
 
 class RunDir:

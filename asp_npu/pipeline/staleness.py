@@ -63,12 +63,17 @@ def ledger_capacity(
     `d0 = version + max_lag`; it counts against every `d >= d0`, so the capacity is
     `min over d >= d0 of (d + 1) * version_groups - consumed - outstanding(deadline <= d)` (never below 0).
     """
-    d0 = deadline_step(version, max_lag)
-    due_d0 = sum(c for d, c in outstanding.items() if d <= d0)
-    cap = (d0 + 1) * version_groups - consumed - due_d0
-    for d, due in _due_counts(outstanding):
+    d0 = version + max_lag
+    acc = 0
+    cap: int | None = None
+    for d in sorted(outstanding):
+        if d > d0 and cap is None:
+            cap = (d0 + 1) * version_groups - consumed - acc
+        acc += outstanding[d]
         if d > d0:
-            cap = min(cap, (d + 1) * version_groups - consumed - due)
+            cap = min(cap, (d + 1) * version_groups - consumed - acc)  # type: ignore[type-var]
+    if cap is None:
+        cap = (d0 + 1) * version_groups - consumed - acc
     return max(0, cap)
 
 

@@ -47,7 +47,7 @@ def warm_start(cfg: Config, run: rd.RunDir) -> None:
         return
     from asp_npu.trainer import sft
 
-    out = run.path / "warm_start"
+    out = run.path / rd.WARM_START
     t0 = time.time()
     result = sft.warm_start(cfg, out_dir=str(out), steps=cfg.model.warm_start_steps)
     last = result["evals"][-1] if result.get("evals") else {}

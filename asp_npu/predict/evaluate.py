@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from asp_npu.data.traces import Trace
 from asp_npu.predict.base import Estimates, Predictor
@@ -37,6 +36,8 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     """None (JSON null) when undefined: fewer than two values or a constant side."""
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None
+    from scipy.stats import spearmanr  # lazy: `asp-npu plan` imports this module but never ranks
+
     return round(float(spearmanr(a, b).statistic), 4)
 
 

@@ -205,6 +205,9 @@ class RolloutInstance:
                 cap = self.settings.max_num_seqs
                 while self._running_units and self._slots_used + len(spec.samples) > cap:
                     await asyncio.sleep(0.002)
+            wait_admitting = getattr(self.engine, "wait_admitting", None)
+            if wait_admitting is not None:  # no unit starts while paused or refreshing weights
+                await wait_admitting()
             self._queue.popleft()
             self._slots_used += len(spec.samples)
             task = asyncio.get_running_loop().create_task(self._run_unit(spec, sampling))

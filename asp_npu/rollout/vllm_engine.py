@@ -75,6 +75,24 @@ def checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _generator_has_offset(device_type: str) -> bool:
+    """Whether per-request torch generators on this device support offsets (Philox ones do, CPU's not)."""
+    import torch
+
+    try:
+        torch.Generator(device=device_type).get_offset()
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _config_max_len(model_path: str) -> int:
+    import json
+
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    return int(cfg.get("max_position_embeddings") or 0)
+
+
 def sample_seed(base: int, prompt_id: str, sample_idx: int) -> int:
     return zlib.crc32(f"{base}/{prompt_id}/{sample_idx}".encode()) & 0x7FFFFFFF
 
@@ -92,7 +110,7 @@ class VLLMEngine:
 
         self.settings = settings
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
-        args = AsyncEngineArgs(
+        kwargs: dict[str, Any] = dict(
             model=settings.model_path,
             dtype=settings.dtype,
             max_num_seqs=settings.max_num_seqs,
@@ -106,8 +124,16 @@ class VLLMEngine:
             worker_extension_cls=EXTENSION_CLS,
             enable_sleep_mode=self.sleep_supported,
             disable_log_stats=True,
-            **settings.extra,
         )
+        if not _generator_has_offset(current_platform.device_type):
+            # vLLM rewinds a seeded request's generator after a partial (chunked) prefill; generators
+            # without offsets (CPU) raise there and the engine dies. Whole-prompt prefill avoids it.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(
+                settings.max_num_batched_tokens,
+                settings.max_model_len or _config_max_len(settings.model_path),
+            )
+        args = AsyncEngineArgs(**{**kwargs, **settings.extra})
         self.llm = AsyncLLM.from_engine_args(args)
         self.max_model_len: int = int(self.llm.model_config.max_model_len)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
@@ -135,6 +161,11 @@ class VLLMEngine:
 
     def num_in_flight(self) -> int:
         return self.activity.in_flight
+
+    async def wait_admitting(self) -> None:
+        """Return once new sequences may start (not paused, no weight_refresh in progress)."""
+        while not self._gate.is_set():
+            await self._gate.wait()
 
     async def generate(
         self, item: PromptItem, sampling: SamplingSettings, sample_indices: Sequence[int] | None = None
@@ -169,8 +200,7 @@ class VLLMEngine:
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
         )
-        while not self._gate.is_set():  # weight_refresh or pause in progress
-            await self._gate.wait()
+        await self.wait_admitting()
         version = self.policy_version
         self._idle.clear()
         self.activity.start(item.prompt_id, idx)

@@ -62,12 +62,16 @@ class WeightReceiver:
         group = getattr(self, "_asp_weight_group", None)
         if group is None:
             raise RuntimeError("receive_weights_collective: call join_weight_group first")
-        version, weights = group.receive()
+        host: dict = {}
+        # Buckets go to host memory as they arrive (device memory holds one bucket, not a second model),
+        # then ONE reload: vLLM's layerwise reload zero-fills a fused layer (qkv, gate_up) that a call
+        # only partly covers, so per-bucket reloads would corrupt layers split across buckets.
+        version, _ = group.receive(on_bucket=lambda b: host.update({k: v.cpu() for k, v in b.items()}))
+        recv_s = group.history[-1].seconds
         t0 = time.perf_counter()
         reload = self.reload_weights  # type: ignore[attr-defined]
-        reload(weights_iterator=list(with_tied_head(self, weights).items()), is_checkpoint_format=True)
-        stats = group.history[-1]
-        return version, stats.seconds, time.perf_counter() - t0, stats.nbytes
+        reload(weights_iterator=list(with_tied_head(self, host).items()), is_checkpoint_format=True)
+        return version, recv_s, time.perf_counter() - t0, group.history[-1].nbytes
 
     def leave_weight_group(self) -> None:
         group = getattr(self, "_asp_weight_group", None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,8 +264,15 @@ class CollectiveTransport:
         self.history.append(stats)
         return stats
 
-    def receive(self) -> tuple[int, dict[str, Any]]:
-        """Instance worker: block for the next refresh; returns (version, HF-named tensors on `device`)."""
+    def receive(
+        self, on_bucket: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """Instance worker: block for the next refresh; returns (version, HF-named tensors on `device`).
+
+        With `on_bucket`, each bucket's tensors are handed over as soon as they arrive and not kept
+        (an instance whose memory is mostly KV cache then needs room for one bucket, not a second
+        copy of the model); the returned dict is then empty. A stale version is still drained from
+        the group, so sender and receivers stay in step, but nothing of it is handed over."""
         import torch
 
         if self.rank == 0:
@@ -273,6 +280,7 @@ class CollectiveTransport:
         t0 = time.perf_counter()
         header = json.loads(self._broadcast_bytes(None))
         version = int(header["version"])
+        stale = self.last_version is not None and version <= self.last_version
         specs = header["tensors"]
         out: dict[str, Any] = {}
         nbytes = 0
@@ -285,17 +293,23 @@ class CollectiveTransport:
             ]
             flat = torch.empty(sum(_padded(n) for n in sizes), dtype=torch.uint8, device=self.device)
             self._broadcast(flat)
+            bucket: dict[str, Any] = {}
             off = 0
             for i, shape, dtype, n in zip(idx, shapes, dtypes, sizes, strict=True):
-                out[specs[i]["name"]] = flat[off : off + n].view(dtype).reshape(shape)
+                bucket[specs[i]["name"]] = flat[off : off + n].view(dtype).reshape(shape)
                 off += _padded(n)
             nbytes += sum(sizes)
-        # checked after draining the buckets, so a refused refresh leaves the group in step
+            if stale:
+                continue
+            if on_bucket is not None:
+                on_bucket(bucket)
+            else:
+                out.update(bucket)
         _check_version(self.last_version, version)
         self.last_version = version
         self.history.append(
             RefreshStats(
-                version, nbytes, time.perf_counter() - t0, len(out), len(header["buckets"]), self.name
+                version, nbytes, time.perf_counter() - t0, len(specs), len(header["buckets"]), self.name
             )
         )
         return version, out

@@ -42,7 +42,8 @@ Output -- `asp_npu.schedule.plan`::
         .summary -> dict  # samples, groups, instances, units, unit_samples, predicted_makespan,
                           # lower_bound, makespan_ratio, plan_seconds, plan_cpu_seconds, minibatch,
                           # max_lag, trainer_steps, predicted_trainer_end, admission_wait_s,
-                          # trainer_idle_s, max_planned_lag, mean_planned_lag, dispatch, ordering, seed
+                          # trainer_idle_s, max_planned_lag, mean_planned_lag, dispatch, ordering, seed,
+                          # warnings (e.g. the lag bound leaves instances idle)
         columnar views: unit_instance, unit_start, unit_finish, unit_target_step, unit_offsets,
         unit_sizes, sample_unit, sample_group, sample_prompt_ids, sample_idx, sample_predicted_len,
         trainer_step_end, instance_units (list of unit-id arrays in execution order)

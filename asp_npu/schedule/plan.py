@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from asp_npu.data.traces import json_escaped
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write, check_writable
 from asp_npu.types import LengthEstimate
@@ -181,9 +182,7 @@ class RolloutPlan:
 
     # ------------------------------------------------------------------------------------- JSON
     def _json_chunks(self) -> Iterator[str]:
-        pid = self.group_prompt_ids
-        if any('"' in p or "\\" in p for p in pid[:10000].tolist()):
-            pid = np.array([json.dumps(p)[1:-1] for p in pid.tolist()], dtype=str)
+        pid = json_escaped(self.group_prompt_ids)
         yield f'{{"schema": "{SCHEMA}", "instances": ['
         for k, ids in enumerate(self.instance_units):
             yield ("" if k == 0 else ", ") + f'{{"instance": {k}, "units": ['

@@ -50,7 +50,7 @@ class PlannerConfig:
 
 @dataclass
 class UnitTable:
-    """Units before timing: groups (in unit order), offsets, predicted seconds, instance, order."""
+    """Units before timing: their groups (unit by unit), offsets, predicted seconds and sizes."""
 
     group_order: np.ndarray  # group ids, unit by unit
     offsets: np.ndarray  # (u+1,) into group_order
@@ -210,8 +210,23 @@ def assemble(
         "mean_planned_lag": round(float(np.average(lag, weights=units.sizes)), 4) if u_count else 0.0,
         "seed": cfg.seed,
         "plan_seconds": round(time.perf_counter() - t0, 4),
+        "warnings": capacity_warnings(cfg, int(units.sizes.max()) if u_count else 0, u_count),
     }
     return plan
+
+
+def capacity_warnings(cfg: PlannerConfig, unit_samples: int, num_units: int) -> list[str]:
+    """Say when the lag bound, not the planner, will keep instances idle (a configuration matter)."""
+    room = (cfg.max_lag + 1) * cfg.minibatch
+    busy = min(cfg.num_instances, num_units) * unit_samples
+    if unit_samples and room < busy:
+        return [
+            f"(max_lag {cfg.max_lag} + 1) x minibatch {cfg.minibatch} = {room} samples may be admitted "
+            f"ahead of the trainer, fewer than {min(cfg.num_instances, num_units)} instances x "
+            f"{unit_samples} samples per unit: "
+            "instances will wait for trainer steps (raise max_lag or minibatch)"
+        ]
+    return []
 
 
 MAX_UNITS_FOR_SEARCH = 20_000  # above this, one timeline costs ~0.2 s: use the first ordering only

@@ -7,6 +7,11 @@ unit is the one whose completion lands closest to that line -- a short unit when
 behind, a long one when it is ahead. Every instance tracking a straight line makes the merged stream
 straight too, at the pace of the balanced makespan; the lag rule (planner) then caps it at the
 trainer's pace. O(m log m) per instance with a "next unused" union-find over the sorted durations.
+
+Under a tight lag bound instances must also move in step (the trainer waits for every unit due at a
+step), so `aligned_orders` makes all instances follow one template of duration ranks: "smooth"
+(the line above, wave by wave) or "descending" (longest waves first). The planner times each of
+`ORDERINGS` under the lag rule and keeps the best; which wins depends on max_lag and trainer pace.
 """
 
 from __future__ import annotations

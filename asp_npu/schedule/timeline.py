@@ -20,11 +20,12 @@ So every sample is consumed by a step s with `s - version <= max_lag` (checked, 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 import numpy as np
 
-_FINISH, _STEP_END, _READY = 0, 1, 2  # event kinds, processed in this order at equal times
+_FINISH, _STEP_END = 0, 1  # event kinds, processed in this order at equal times
 
 
 @dataclass
@@ -60,7 +61,6 @@ def timeline(
     version = np.zeros(u_count, dtype=np.int64)
     target = np.full(u_count, -1, dtype=np.int64)
     remaining = list(sz)
-    min_size = max(1, min(sz, default=1))
     step_end: list[float] = []
 
     events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, payload)
@@ -88,7 +88,8 @@ def timeline(
     trainer_free_at = 0.0
     trainer_idle = 0.0
     wait_total = 0.0
-    inflight_samples: dict[int, int] = {}  # deadline -> samples still generating
+    outstanding: dict[int, int] = {}  # deadline -> samples admitted, not yet consumed
+    deadlines: list[int] = []  # sorted keys of `outstanding`
     pool: list[tuple[int, float, int]] = []  # (deadline, finish, unit) completed, not fully consumed
     pool_samples = 0
 
@@ -100,36 +101,43 @@ def timeline(
         need = min(M, total - consumed)
         if pool_samples < need:
             return
-        # take `need` samples earliest-deadline first (dry run), then check Hall's condition: for every
-        # deadline d, what stays outstanding with deadline <= d must fit in the positions before (d+1)*M
-        taken: list[tuple[int, int]] = []  # (deadline, samples) of the take
+        # take `need` samples earliest-deadline first, then check Hall's condition: for every deadline
+        # d, what stays outstanding with deadline <= d must fit in the positions before (d+1)*M
+        popped: list[tuple[int, float, int]] = []
+        taken: dict[int, int] = {}
         rest = need
-        for d, _, u in heapq.nsmallest(need // min_size + 1, pool):
-            if not rest:
-                break
-            k = min(rest, remaining[u])
-            taken.append((d, k))
+        while rest:
+            item = heapq.heappop(pool)
+            popped.append(item)
+            k = min(rest, remaining[item[2]])
+            taken[item[0]] = taken.get(item[0], 0) + k
             rest -= k
         after = consumed + need
-        left: dict[int, int] = dict(inflight_samples)
-        for d, _, u in pool:
-            left[d] = left.get(d, 0) + remaining[u]
-        for d, k in taken:
-            left[d] -= k
+        # only deadlines below the take's last one can fail: for d >= it the condition is the one the
+        # admission rule already keeps (admitted <= (max_lag + v + 1) * M), shifted by `need`
+        last_d = popped[-1][0]
         acc = 0
-        for d in sorted(left):
-            acc += left[d]
+        for d in deadlines:
+            if d >= last_d:
+                break
+            acc += outstanding[d] - taken.get(d, 0)
             if acc > (d + 1) * M - after:
-                return  # wait: a straggler due by step d must be in an earlier handout
+                for item in popped:  # wait: a straggler due by step d must be in an earlier handout
+                    heapq.heappush(pool, item)
+                return
         take = need
-        while take:
-            d, f, u = pool[0]
+        for d, f, u in popped:
             k = min(take, remaining[u])
             remaining[u] -= k
             take -= k
+            outstanding[d] -= k
+            if outstanding[d] == 0:
+                del outstanding[d]
+                deadlines.pop(bisect_left(deadlines, d))
             if remaining[u] == 0:
-                heapq.heappop(pool)
                 target[u] = s
+            else:
+                heapq.heappush(pool, (d, f, u))
         consumed += need
         pool_samples -= need
         trainer_idle += t - trainer_free_at
@@ -149,7 +157,10 @@ def timeline(
             start[u], finish[u], version[u] = t, t + sec[u], v
             admitted += sz[u]
             started += 1
-            inflight_samples[v + L] = inflight_samples.get(v + L, 0) + sz[u]
+            if v + L not in outstanding:
+                outstanding[v + L] = 0
+                insort(deadlines, v + L)
+            outstanding[v + L] += sz[u]
             push(t + sec[u], _FINISH, u)
         waiting[:] = still
 
@@ -163,9 +174,6 @@ def timeline(
             if kind == _FINISH:
                 u = payload
                 d = int(version[u]) + L
-                inflight_samples[d] -= sz[u]
-                if inflight_samples[d] == 0:
-                    del inflight_samples[d]
                 heapq.heappush(pool, (d, t, u))
                 pool_samples += sz[u]
                 k = inst_of[u]

@@ -164,6 +164,13 @@ def main(argv: list[str]) -> int:
         "--executor", choices=("stream", "unit"), help="how asp / async-fifo run units (preset default)"
     )
     ap.add_argument("--max-lag", type=int, help="policy-lag bound of the asynchronous modes (preset default)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a preset value, e.g. cost.train_s_per_token=8.1e-4 (repeatable)",
+    )
     ap.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)}")
     ap.add_argument("--instances", help="scaling sweep: comma-separated instance counts, e.g. 1,2,4,8,16")
     ap.add_argument("--json", help="write all metrics as JSON")
@@ -183,6 +190,16 @@ def main(argv: list[str]) -> int:
         if path:
             check_writable(path)
     overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--set {item}: expected SECTION.KEY=VALUE")
+        import yaml
+
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item}: cannot parse the value") from None
     if args.executor:
         overrides["executor"] = args.executor
     if args.max_lag is not None:

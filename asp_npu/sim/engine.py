@@ -379,7 +379,9 @@ class Simulation:
             return
         self.log.queue(t, self.queue.n_queued, self.queue.n_in_flight)
         groups = [g.group_id for g in h.groups]
-        if self.spec.trainer_padded:  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
+        if (
+            self.spec.trainer_padded
+        ):  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
             groups.sort()
         seq_tokens = (self.w.response_len[groups] + self.w.prompt_len[groups, None]).ravel()
         self.samples_consumed += len(groups) * self.n
@@ -424,8 +426,7 @@ class Simulation:
 
     def _resume_cost(self, inst: _Instance) -> float:
         """Partial rollout resumes by re-prefilling prompt + generated tokens (verl/vLLM free the KV)."""
-        tokens = sum(self.prompt[s] + self.resp[s] - (f - inst.step) for f, s in inst.heap)
-        return tokens * self.cost.prefill_s_per_token
+        return inst.kv * self.cost.prefill_s_per_token  # kv = prompt + generated tokens of the running ones
 
     def _train_end(self, t: float, end_of_version: bool) -> None:
         if end_of_version:

@@ -155,7 +155,7 @@ def load_preset(
             cpath = path.parent / cpath
         cost, notes = apply_calibration(cost, cpath)
     if overrides:
-        rl = _build(RLSpec, {**asdict(rl), **overrides}, "override")
+        cluster, workload, rl, cost = _override(overrides, cluster, workload, rl, cost)
     if iterations is not None:
         workload = replace(workload, iterations=iterations)
     if trace is not None:
@@ -178,6 +178,22 @@ def load_preset(
     if problems:
         raise UserError(f"{path}: " + "; ".join(problems))
     return preset
+
+
+def _override(overrides: dict[str, Any], *sections: Any) -> tuple[Any, ...]:
+    """Apply `section.key: value` overrides (a bare key means `rl.key`) with the preset's type checks."""
+    names = ("cluster", "workload", "rl", "cost")
+    per: dict[str, dict[str, Any]] = {n: {} for n in names}
+    for key, value in overrides.items():
+        sec, _, k = key.rpartition(".")
+        sec = sec or "rl"
+        if sec not in per:
+            raise UserError(f"--set {key}: section must be one of {', '.join(names)}")
+        per[sec][k] = value
+    return tuple(
+        _build(type(obj), {**asdict(obj), **per[n]}, f"--set {n}") if per[n] else obj
+        for n, obj in zip(names, sections, strict=True)
+    )
 
 
 def validate(p: Preset) -> list[str]:

@@ -81,11 +81,11 @@ class TrainerGroup:
         self.version = int(metrics["policy_version"])
         return metrics
 
-    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
         import ray
 
         ref = ray.put(batch)
-        metrics = ray.get([a.call.remote("sft_step", ref) for a in self.actors])[0]
+        metrics = ray.get([a.call.remote("sft_step", ref, lr) for a in self.actors])[0]
         self.version = int(metrics["policy_version"])
         return metrics
 

@@ -9,6 +9,7 @@ prompts (`data` section), measured with the HF model loaded from the written wei
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -94,6 +95,15 @@ def evaluate(
     return {"exact_match": sum(exact) / n, "reward": sum(partial) / n, "response_len": sum(lengths) / n}
 
 
+def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of the peak."""
+    warm = max(1, steps // 20)
+    if step <= warm:
+        return peak * step / warm
+    frac = (step - warm) / max(1, steps - warm)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+
+
 def warm_start(
     cfg: Config, out_dir: str | None = None, steps: int | None = None, log: Any = None
 ) -> dict[str, Any]:
@@ -128,13 +138,12 @@ def warm_start(
     losses: list[float] = []
     tmp_eval = out.with_name(out.name + ".eval")
     try:
-        group.set_lr(s.lr)
         order: list[int] = []
         for step in range(1, steps + 1):
             if len(order) < s.batch_size:
                 order += rng.sample(range(len(pairs)), len(pairs))
             picked, order = order[: s.batch_size], order[s.batch_size :]
-            metrics = group.sft_step(to_batch([pairs[i] for i in picked]))
+            metrics = group.sft_step(to_batch([pairs[i] for i in picked]), lr_at(step, steps, s.lr))
             losses.append(metrics["loss"])
             if step % 10 == 0 or step == steps:
                 log(

@@ -261,13 +261,10 @@ class TrainerWorker:
         if self.dims.tie_word_embeddings and self.layout.pp > 1 and ps.is_rank_in_embedding_group():
             shared = self.model.shared_embedding_or_output_weight()
             dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
-        for p in self.params:
-            if not param_is_not_tensor_parallel_duplicate(p):
-                continue
-            if shared is not None and p is shared and not ps.is_pipeline_first_stage():
-                continue  # the last stage's copy of the tied embedding counts once
-            sq += p.grad.double().pow(2).sum()
+        counted = [p for p in self.params if param_is_not_tensor_parallel_duplicate(p)
+                   and not (p is shared and not ps.is_pipeline_first_stage())]  # tied copy counts once
+        # float32 on the device (NPUs have no float64); per-parameter sums keep the rounding small
+        sq = torch.stack([p.grad.float().pow(2).sum() for p in counted]).sum()
         if self.layout.tp * self.layout.pp > 1:
             dist.all_reduce(sq, group=ps.get_model_parallel_group())
         norm = float(sq.sqrt())
@@ -298,14 +295,15 @@ class TrainerWorker:
 
         keys = sorted(sums)
         on = self._is_loss_rank()
-        vec = torch.tensor([sums[k] if on else 0.0 for k in keys], dtype=torch.float64)
+        dev = self.torch_device  # HCCL/NCCL reduce device tensors only
+        vec = torch.tensor([sums[k] if on else 0.0 for k in keys], dtype=torch.float32, device=dev)
         dist.all_reduce(vec)
         ext_keys = sorted(extremes)
         if not ext_keys:
             return dict(zip(keys, vec.tolist(), strict=True)), {}
-        big = float(np.finfo(np.float64).max)
+        big = float(np.finfo(np.float32).max)
         ext = torch.tensor([(extremes[k] if on else -big) if k.endswith("max") else
-                            -(extremes[k] if on else big) for k in ext_keys], dtype=torch.float64)
+                            -(extremes[k] if on else big) for k in ext_keys], dtype=torch.float32, device=dev)
         dist.all_reduce(ext, op=dist.ReduceOp.MAX)
         out_ext = {k: float(v) if k.endswith("max") else -float(v)
                    for k, v in zip(ext_keys, ext, strict=True)}
@@ -370,9 +368,11 @@ class TrainerWorker:
         })
         return metrics
 
-    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
         """One supervised update: mean negative log-likelihood of the response tokens (token level)."""
         t0 = time.perf_counter()
+        if lr is not None:
+            self.set_lr(lr)
         samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids),
                           0.0, [0.0] * len(t.response_token_ids))
                    for i, t in enumerate(batch.trajectories) if t.response_token_ids]

@@ -158,3 +158,10 @@ def test_trace_synth_cli_bad_input(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("asp-npu trace: error:") for line in err)
     assert not list(tmp_path.iterdir())
+
+
+def test_odd_prompt_ids_survive_write_and_read(tmp_path) -> None:
+    ids = ['say "hi"', "back\\slash", "tab\there", "数学-7"]
+    t = Trace.from_columns(ids, [0] * 4, [0] * 4, [3] * 4, [5, 6, 7, 8])
+    back = read_trace(write_trace(t, tmp_path / "odd.jsonl"))
+    assert sorted(back.prompt_names.tolist()) == sorted(ids)

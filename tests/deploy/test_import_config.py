@@ -48,7 +48,9 @@ def test_import_then_check_accepts(tmp_path: Path, capsys: pytest.CaptureFixture
     rollout = cfg.generate_config.num_instances * cfg.generate_config.infer_tensor_parallel_size
     trainer = cfg.actor_config.tensor_model_parallel_size * cfg.actor_config.data_parallel_size
     assert rollout + trainer <= 16 and rollout >= 4 and trainer >= 4
-    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(out)]) == 0, capsys.readouterr().err
+    assert "asp / mindspeed-sync throughput:" in capsys.readouterr().out  # the full check, estimate included
 
 
 def test_colocated_import_keeps_mindspeed_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

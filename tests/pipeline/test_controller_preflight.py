@@ -29,6 +29,7 @@ def test_good_config_passes(tmp_path):
         ("rl_config.mini_batch_size=18", "rl_config.mini_batch_size: 18 does not hold whole groups"),
         ("generate_config.num_instances=3", "generate_config.num_instances: 3 instances x TP 1 need 3 cores"),
         ("rl_config.global_batch_size=6", "not a whole number of minibatches of 16"),
+        ("rl_config.predictor=oracle", "rl_config.predictor: 'oracle' cannot run online"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, override, message):

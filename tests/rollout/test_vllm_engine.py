@@ -25,7 +25,11 @@ def engine(tiny_model_dir):
     saved = {k: os.environ.get(k) for k in env}
 
     async def build():
-        return VLLMEngine(EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=32), env)
+        # a small token budget: a few long prompts exceed it (chunked prefill territory)
+        settings = EngineSettings(
+            str(tiny_model_dir), max_model_len=256, max_num_seqs=32, max_num_batched_tokens=256
+        )
+        return VLLMEngine(settings, env)
 
     eng = loop.run(build())
     yield eng, loop
@@ -107,6 +111,25 @@ def test_prompt_too_long_is_one_clear_error_and_engine_keeps_working(engine):
         loop.run(eng.generate(long_item, SamplingSettings(max_tokens=4)))
     (t,) = loop.run(eng.generate(make_prompts("count", 1, seed=1)[0], SamplingSettings(max_tokens=4)))
     assert t.response_token_ids
+
+
+def test_seeded_long_prompts_beyond_the_token_budget_do_not_kill_the_engine(engine):
+    eng, loop = engine
+    import asyncio
+
+    items = [
+        PromptItem(f"long-{i}", prompt_token_ids=[10 + (i * 7 + j) % 400 for j in range(200)])
+        for i in range(4)
+    ]
+
+    async def batch():
+        return await asyncio.gather(
+            *(eng.generate(it, SamplingSettings(n=2, max_tokens=8, seed=3)) for it in items)
+        )
+
+    groups = loop.run(batch(), timeout=120)
+    assert [len(g) for g in groups] == [2, 2, 2, 2]
+    assert all(len(t.response_token_ids) >= 1 for g in groups for t in g)
 
 
 def test_weight_refresh_matches_refreshed_hf_model(engine, hf_model):

@@ -73,12 +73,25 @@ def test_object_store_path_is_bit_identical_and_versioned() -> None:
         receiver.receive(packet)
 
 
-def _receiver(port: int, rank: int, world: int, refreshes: int, out: mp.Queue) -> None:
-    group = GroupSpec("127.0.0.1", port, world, collective_backend("cpu"), timeout_s=60)
+def _receiver(port: int, rank: int, world: int, out: mp.Queue) -> None:
+    """Rank 1 takes whole refreshes, rank 2 streams them bucket by bucket; both see versions 1, 2,
+    a replayed 2 (refused, yet drained so the group stays in step) and 3."""
+    group = GroupSpec("127.0.0.1", port, world, collective_backend("cpu"), timeout_s=300)
     tr = CollectiveTransport(group, rank, device="cpu", bucket_bytes=1024)
     try:
-        for _ in range(refreshes):
-            version, weights = tr.receive()
+        for expect_stale in (False, False, True, False):
+            streamed: dict[str, torch.Tensor] = {}
+            try:
+                if rank == 1:
+                    version, weights = tr.receive()
+                else:
+                    version, weights = tr.receive(on_bucket=lambda b, into=streamed: into.update(b))
+                    assert weights == {}
+                    weights = streamed
+            except StaleVersionError:
+                out.put((rank, "stale", {}, None))
+                continue
+            assert not expect_stale
             out.put((rank, version, {k: _digest(v) for k, v in weights.items()}, tr.history[-1]))
     finally:
         tr.close()
@@ -87,18 +100,15 @@ def _receiver(port: int, rank: int, world: int, refreshes: int, out: mp.Queue) -
 @pytest.mark.slow
 def test_collective_gloo_delivers_bit_identical_weights_to_two_instances() -> None:
     ctx = mp.get_context("spawn")
-    port, world, refreshes = free_port(), 3, 2
+    port, world = free_port(), 3
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_receiver, args=(port, r, world, refreshes, out)) for r in (1, 2)]
+    procs = [ctx.Process(target=_receiver, args=(port, r, world, out)) for r in (1, 2)]
     for p in procs:
         p.start()
-    sender = CollectiveTransport(
-        GroupSpec("127.0.0.1", port, world, collective_backend("cpu"), timeout_s=60),
-        0,
-        device="cpu",
-        bucket_bytes=1024,
-    )
+    spec = GroupSpec("127.0.0.1", port, world, collective_backend("cpu"), timeout_s=300)
+    sender = None
     try:
+        sender = CollectiveTransport(spec, 0, device="cpu", bucket_bytes=1024)
         sent = {}
         for version in (1, 2):
             w = _weights(version)
@@ -107,22 +117,30 @@ def test_collective_gloo_delivers_bit_identical_weights_to_two_instances() -> No
             assert stats.nbytes == sum(t.numel() * t.element_size() for t in w.values())
             sent[version] = {k: _digest(v) for k, v in w.items()}
         with pytest.raises(StaleVersionError):
-            sender.send(_weights(2), 2)
-        got = [out.get(timeout=60) for _ in range(2 * refreshes)]
+            sender.send(_weights(2), 2)  # the sender refuses to go back ...
+        sender.last_version = None
+        sender.send(_weights(2), 2)  # ... and so does every receiver, when a replay gets through
+        w = _weights(3)
+        sender.send(w, 3)
+        sent[3] = {k: _digest(v) for k, v in w.items()}
+        got = [out.get(timeout=300) for _ in range(2 * 4)]
     finally:
-        sender.close()
+        if sender is not None:
+            sender.close()
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=60)
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
     for rank in (1, 2):
         mine = [(v, d, s) for r, v, d, s in got if r == rank]
-        assert [v for v, _, _ in mine] == [1, 2]
+        assert [v for v, _, _ in mine] == [1, 2, "stale", 3]
         for version, digests, stats in mine:
+            if version == "stale":
+                continue
             assert digests == sent[version]
-            assert stats.version == version and stats.nbytes == sender.history[version - 1].nbytes
-    assert sent[1] != sent[2]
+            assert stats.version == version and stats.nbytes == sender.history[0].nbytes
+    assert sent[1] != sent[2] != sent[3]
 
 
 @pytest.fixture
@@ -186,9 +204,8 @@ def test_collective_refresh_into_vllm_is_used_by_the_next_generation(tiny_model_
 
     def trainer_rank0() -> None:
         try:
-            tr = CollectiveTransport(
-                GroupSpec("127.0.0.1", port, 2, collective_backend("cpu"), timeout_s=120), 0
-            )
+            spec = GroupSpec("127.0.0.1", port, 2, collective_backend("cpu"), timeout_s=300)
+            tr = CollectiveTransport(spec, 0, bucket_bytes=64 << 10)  # several buckets: partial reloads
             sent.append(tr.send(state, version=7))
             tr.close()
         except Exception as exc:  # surfaced by the assertion below
@@ -196,13 +213,13 @@ def test_collective_refresh_into_vllm_is_used_by_the_next_generation(tiny_model_
 
     try:
         before = llm.generate(TokensPrompt(prompt_token_ids=prompt), params)[0].outputs[0].token_ids
-        sender = threading.Thread(target=trainer_rank0)
+        sender = threading.Thread(target=trainer_rank0, daemon=True)
         sender.start()
         ranks = llm.collective_rpc(
             "join_weight_group", args=("127.0.0.1", port, 2, 1, collective_backend("cpu"))
         )
         ((version, recv_s, load_s, nbytes),) = llm.collective_rpc("receive_weights_collective")
-        sender.join(timeout=120)
+        sender.join(timeout=300)
         llm.reset_prefix_cache()
         after = llm.generate(TokensPrompt(prompt_token_ids=prompt), params)[0].outputs[0].token_ids
         llm.collective_rpc("leave_weight_group")
@@ -210,6 +227,7 @@ def test_collective_refresh_into_vllm_is_used_by_the_next_generation(tiny_model_
         llm.llm_engine.engine_core.shutdown()
     assert not errors, errors
     assert ranks == [1] and version == 7 and nbytes == sent[0].nbytes > 0 and recv_s > 0 and load_s > 0
+    assert sent[0].buckets > 3
     assert list(before) == _hf_greedy(old, prompt, n)
     assert list(after) == _hf_greedy(new, prompt, n)
     assert list(after) != list(before)

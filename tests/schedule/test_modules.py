@@ -17,7 +17,7 @@ from asp_npu.schedule.sorting import aligned_orders, max_deviation, smooth_order
 from asp_npu.schedule.timeline import timeline
 from asp_npu.types import LengthEstimate
 
-from .conftest import make_groups
+from .helpers import make_groups
 
 
 def test_cost_model_closed_form_matches_step_sum() -> None:
@@ -155,6 +155,14 @@ def test_dispatch_units_and_summary() -> None:
     assert np.all(np.diff(p.unit_start) >= 0)
 
 
+def test_capacity_warning_when_the_lag_bound_idles_instances() -> None:
+    g = make_groups(64, 8, "lognormal", 2)
+    tight = plan(g, PlannerConfig(num_instances=8, minibatch=64, group_size=8, max_num_seqs=64, max_lag=0))
+    loose = plan(g, PlannerConfig(num_instances=2, minibatch=64, group_size=8, max_num_seqs=64, max_lag=1))
+    assert tight.summary["warnings"] and "instances will wait" in tight.summary["warnings"][0]
+    assert loose.summary["warnings"] == []
+
+
 def test_from_json_rejects_other_schemas() -> None:
     with pytest.raises(UserError, match="schema"):
         RolloutPlan.from_json('{"schema": "asp-plan/0"}')
@@ -180,3 +188,11 @@ def test_asp_beats_fifo_and_random_on_padding_and_balance() -> None:
     assert res["asp"]["realised_makespan"] < min(
         res["fifo"]["realised_makespan"], res["random"]["realised_makespan"]
     )
+
+
+def test_plan_json_escapes_prompt_ids() -> None:
+    ids = np.array(['say "hi"', "back\\slash", "plain"])
+    g = Groups(ids, np.zeros((3, 1), dtype=np.int64), np.array([5.0, 6.0, 7.0]), np.ones(3), np.full(3, 9.0))
+    p = plan(g, PlannerConfig(num_instances=2, minibatch=1, group_size=1))
+    back = RolloutPlan.from_json(p.to_json())
+    assert sorted(back.sample_prompt_ids.tolist()) == sorted(ids.tolist())

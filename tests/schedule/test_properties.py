@@ -10,7 +10,7 @@ from asp_npu.schedule.baselines import fifo_plan, random_plan
 from asp_npu.schedule.plan import RolloutPlan
 from asp_npu.schedule.planner import PlannerConfig, check_lag_bound, plan
 
-from .conftest import SHAPES, make_groups
+from .helpers import SHAPES, make_groups
 
 
 @st.composite

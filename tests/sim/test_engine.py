@@ -149,3 +149,20 @@ def test_conservation_and_lag_bound(lens, max_lag, instances, slots, pull) -> No
     b = account(res.log, 0.0, res.wall_s)
     total = b.utilization + b.padding + b.skewness + b.sorting + b.overhead
     assert total == pytest.approx(1.0) and b.coverage == pytest.approx(1.0)
+
+
+def test_work_pool_steals_only_undispatched_units_of_the_oldest_window() -> None:
+    from asp_npu.sim.engine import WorkPool
+
+    plan = {0: [[[1], [2], [3]], []], 1: [[[4]], [[5]]]}
+    pool = WorkPool(
+        2, pull=False, steal=True, units_for=lambda it: plan[it], available=lambda it: it < 2, n_windows=2
+    )
+    ref = pool.peek(1)  # instance 1 has nothing in window 0: takes instance 0's last unit there
+    assert ref[0] == 0 and ref[1] == [3]
+    pool.pop(ref)
+    assert pool.peek(0)[1] == [1]  # the owner keeps its own order
+    no_steal = WorkPool(
+        2, pull=False, steal=False, units_for=lambda it: plan[it], available=lambda it: it < 2, n_windows=2
+    )
+    assert no_steal.peek(1)[:2] == (1, [5])  # without stealing it runs ahead into the next window
