@@ -14,7 +14,7 @@ from asp_npu.errors import UserError
 
 # command words -> (module exposing main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "trace": ("asp_npu.data.trace_cli", "length traces: `trace synth` generates a synthetic reasoning-RL trace"),
+    "trace": ("asp_npu.data.trace_cli", "length traces: `trace synth` makes a synthetic reasoning-RL trace"),
     "predict-eval": ("asp_npu.predict.cli", "evaluate a response-length predictor on one epoch of a trace"),
     "plan": ("asp_npu.schedule.cli", "plan one epoch of a trace with the offline ASP planner"),
     "bench sim": ("asp_npu.sim.cli", "simulate all modes (ASP and baselines) at cluster scale"),

@@ -185,8 +185,10 @@ def validate(cfg: Config) -> list[str]:
         if getattr(gen, name) < 1:
             problems.append(f"generate_config.{name}: must be >= 1 (got {getattr(gen, name)})")
     if gen.sampling_config.max_tokens < 1:
-        problems.append(f"generate_config.sampling_config.max_tokens: must be >= 1 (got {gen.sampling_config.max_tokens})")
-    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
+        problems.append("generate_config.sampling_config.max_tokens: must be >= 1 "
+                        f"(got {gen.sampling_config.max_tokens})")
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+                 "micro_batch_size"):
         if getattr(act, name) < 1:
             problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
     if gen.admission not in ("continuous", "unit"):

@@ -70,9 +70,9 @@ def spec(kind: DeviceKind) -> DeviceSpec:
 def prepare_megatron(kind: DeviceKind) -> None:
     """Imports that must happen before megatron-core: MindSpeed's adaptor on NPU, the CPU shim on CPU."""
     if kind == "npu":
-        import torch  # noqa: F401
-        import torch_npu  # noqa: F401
-        import mindspeed.megatron_adaptor  # noqa: F401
+        # order matters: torch, then torch_npu, then MindSpeed's patches, all before megatron-core
+        for module in ("torch", "torch_npu", "mindspeed.megatron_adaptor"):
+            importlib.import_module(module)
     elif kind == "cpu":
         from asp_npu.trainer import cpu_compat
 

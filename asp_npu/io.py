@@ -29,6 +29,12 @@ def check_writable(path: str | os.PathLike) -> Path:
     return p
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write `data` to `path` so that readers see either the old file or the whole new one."""
     p = check_writable(path)
@@ -37,6 +43,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, mode) as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, p)
     except BaseException:
         try:

@@ -25,7 +25,7 @@ from asp_npu.rollout.weight_transport import (
     CollectiveTransport,
     GroupSpec,
     ObjectStoreTransport,
-    free_port,
+    reserve_port,
 )
 
 
@@ -50,13 +50,13 @@ def bench_collective(
 ) -> tuple[list[float], list[float]]:
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    port = free_port()
+    sock = reserve_port()
+    port = sock.getsockname()[1]
     procs = [ctx.Process(target=_receiver, args=(port, r, repeats, bucket, out)) for r in (1, 2)]
     for p in procs:
         p.start()
-    tr = CollectiveTransport(
-        GroupSpec("127.0.0.1", port, 3, collective_backend("cpu"), timeout_s=300), 0, bucket_bytes=bucket
-    )
+    spec = GroupSpec("127.0.0.1", port, 3, collective_backend("cpu"), timeout_s=300)
+    tr = CollectiveTransport(spec, 0, bucket_bytes=bucket, listen_socket=sock)
     send_s, done_s = [], []
     for v in range(1, repeats + 1):
         t0 = time.time()

@@ -228,6 +228,26 @@ class Controller:
                                           devices_per_instance=gen.infer_tensor_parallel_size,
                                           sink=self.queue, admission=self.spec.admission, keep_polled=False)
         self.trainer = TrainerGroup(cfg)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One short generation per instance before the clock starts: the first generate of a vLLM
+        process pays a one-off warm-up (seconds on CPU) that would otherwise land on iteration 1."""
+        import ray
+
+        from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
+        from asp_npu.rollout.instance import UnitSpec
+
+        base = self.prompts[0]
+        refs = []
+        for i, inst in enumerate(self.instances):
+            item = PromptItem(f"{WARMUP_PREFIX}{i}@0", base.prompt_token_ids, base.text, base.ground_truth,
+                              {**base.meta, "epoch": 0})
+            ray.get(inst.add_prompts.remote([item]))
+            samples = tuple((item.prompt_id, k) for k in range(min(self.G, self.slots)))
+            ray.get(inst.submit_units.remote([UnitSpec(-1 - i, samples)]))
+            refs.append(inst.wait_idle.remote(120.0))
+        ray.get(refs)
 
     def close(self) -> None:
         import ray

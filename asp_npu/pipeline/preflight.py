@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asp_npu.config import Config, validate
+from asp_npu.config import MODES, Config, validate
 from asp_npu.device import DeviceKind, available_devices, detect
 from asp_npu.errors import ConfigError
+from asp_npu.pipeline.modes import REAL_MODES
 
 COLOCATED_MODES = ("mindspeed-sync", "verl-sync")
 
@@ -62,6 +63,9 @@ def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
                 f"rl_config.global_batch_size: {rl.global_batch_size} prompts x {rl.n_samples_per_prompt} "
                 f"samples is not a whole number of minibatches of {rl.mini_batch_size}"
             )
+    if rl.mode in MODES and rl.mode not in REAL_MODES:
+        real = ", ".join(REAL_MODES)
+        problems.append(f"rl_config.mode: '{rl.mode}' runs only in the simulator (real: {real})")
     if rl.predictor not in ("history", "prompt-len"):
         problems.append(f"rl_config.predictor: '{rl.predictor}' cannot run online (history|prompt-len)")
     if rl.global_batch_size < 0:

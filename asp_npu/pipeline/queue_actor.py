@@ -18,6 +18,8 @@ from typing import Any
 from asp_npu.pipeline.train_queue import TrainQueue
 from asp_npu.types import Trajectory
 
+WARMUP_PREFIX = "__warmup__"
+
 
 class QueueService:
     """Async Ray actor body (`ray.remote(QueueService)`); usable in-process in tests."""
@@ -61,6 +63,8 @@ class QueueService:
         """Sink protocol of RolloutInstance: one finished GRPO group (all its samples)."""
         t = group[0]
         gid = t.prompt_id
+        if gid.startswith(WARMUP_PREFIX):  # engine warm-up before the run's clock starts
+            return len(self.arrivals)
         tokens = sum(x.response_len for x in group)
         self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
         self.arrivals.append({

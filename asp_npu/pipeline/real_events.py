@@ -140,6 +140,8 @@ def build_event_log(
                 starts[int(e["unit"])] = (float(e["t"]), int(e.get("samples", 0)))
             elif int(e["unit"]) in starts:
                 a, k = starts.pop(int(e["unit"]))
+                if float(e["t"]) < t0:  # engine warm-up before the run's clock started
+                    continue
                 label = (unit_labels or {}).get(int(e["unit"]), f"u{e['unit']}")
                 log.unit(i, label, a, float(e["t"]), k)
     for t, s in trainer_states(trainer, t0):

@@ -11,6 +11,13 @@ For bubble accounting the instance reports busy intervals (at least one sequence
 per-sequence start/finish events and per-unit start/finish events, all on the wall clock
 (`time.time()`), so intervals of different instances compare directly.
 
+`refresh_weights(weights, version)` is a weight_refresh: running sequences finish on the old
+weights while new ones wait, then the HF-named state dict (safetensors bytes or a numpy dict) loads
+in place and the prefix cache is reset; every trajectory carries the one version that generated it.
+`pause()` / `resume()` serve the synchronous colocated baselines: admission stops, and on NPU/CUDA
+the engine sleeps (vLLM sleep mode frees weights and KV memory); vLLM's CPU backend has no sleep
+mode, so on CPU the memory stays allocated.
+
 Placement: `launch_instances` gives each instance its own devices through `asp_npu.device`
 (a CPU core via `VLLM_CPU_OMP_THREADS_BIND` and an explicit `VLLM_CPU_KVCACHE_SPACE`; on NPU a
 `{"NPU": n}` Ray resource and `ASCEND_RT_VISIBLE_DEVICES`).

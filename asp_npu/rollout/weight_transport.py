@@ -148,10 +148,21 @@ def _padded(n: int) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on `host` (for the group's rendezvous store)."""
+    """A TCP port free right now on `host` (racy on a busy machine: prefer `reserve_port`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on a free port of `host`, for rank 0's rendezvous store: pass it to
+    `CollectiveTransport(..., listen_socket=...)` and its port (`getsockname()[1]`) to the receivers,
+    so no other process can take the port in between."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
 
 
 def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
@@ -188,7 +199,12 @@ class CollectiveTransport:
     name = "collective"
 
     def __init__(
-        self, group: GroupSpec, rank: int, device: str = "cpu", bucket_bytes: int = DEFAULT_BUCKET_BYTES
+        self,
+        group: GroupSpec,
+        rank: int,
+        device: str = "cpu",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         from datetime import timedelta
 
@@ -197,6 +213,9 @@ class CollectiveTransport:
         if not 0 <= rank < group.world_size:
             raise UserError(f"weight group: rank {rank} outside world_size {group.world_size}")
         self.group, self.rank, self.device, self.bucket_bytes = group, rank, device, bucket_bytes
+        if listen_socket is not None and rank != 0:
+            raise UserError("weight group: only rank 0 hosts the rendezvous store (listen_socket)")
+        extra = {"listen_socket": listen_socket} if listen_socket is not None else {}
         self.pg = stateless_init_torch_distributed_process_group(
             group.host,
             group.port,
@@ -204,6 +223,7 @@ class CollectiveTransport:
             group.world_size,
             group.backend,
             timeout=timedelta(seconds=group.timeout_s),
+            **extra,
         )
         self.last_version: int | None = None
         self.history: list[RefreshStats] = []

@@ -21,7 +21,7 @@ import torch
 
 from asp_npu.config import Config
 from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
-from asp_npu.trainer.parallel import Layout, ModelDims, check_layout
+from asp_npu.trainer.parallel import ModelDims, check_layout
 from asp_npu.types import TrainBatch, Trajectory
 
 
@@ -449,7 +449,3 @@ class TrainerWorker:
         from asp_npu.trainer.parallel import destroy_parallel
 
         destroy_parallel()
-
-    @property
-    def layout_info(self) -> Layout:
-        return self.layout

@@ -79,3 +79,35 @@ def test_backends_and_visible_devices() -> None:
         env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
         and env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"
     )
+
+
+def test_prepare_megatron_on_npu_imports_torch_npu_then_the_mindspeed_adaptor(monkeypatch) -> None:
+    """Fake torch_npu / mindspeed packages (a meta-path finder records what gets executed, in order)."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    executed: list[str] = []
+    fakes = {"torch_npu", "mindspeed", "mindspeed.megatron_adaptor"}
+
+    class Loader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module) -> None:
+            executed.append(module.__name__)
+            module.__path__ = []  # a package, so mindspeed.megatron_adaptor can be imported below it
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            return importlib.machinery.ModuleSpec(name, Loader(), is_package=True) if name in fakes else None
+
+    assert not fakes & set(sys.modules)
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    try:
+        device.prepare_megatron("npu")
+    finally:
+        for name in fakes:  # no fake may leak into later tests (find_spec would report torch_npu present)
+            sys.modules.pop(name, None)
+    assert executed == ["torch_npu", "mindspeed", "mindspeed.megatron_adaptor"]
+    assert not any(m == "megatron" or m.startswith("megatron.") for m in executed)

@@ -30,6 +30,7 @@ def test_good_config_passes(tmp_path):
         ("generate_config.num_instances=3", "generate_config.num_instances: 3 instances x TP 1 need 3 cores"),
         ("rl_config.global_batch_size=6", "not a whole number of minibatches of 16"),
         ("rl_config.predictor=oracle", "rl_config.predictor: 'oracle' cannot run online"),
+        ("rl_config.mode=verl-sync", "rl_config.mode: 'verl-sync' runs only in the simulator"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, override, message):

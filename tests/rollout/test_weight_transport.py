@@ -19,8 +19,8 @@ from asp_npu.rollout.weight_transport import (
     ObjectStoreTransport,
     RefreshStats,
     StaleVersionError,
-    free_port,
     plan_buckets,
+    reserve_port,
 )
 
 
@@ -100,7 +100,8 @@ def _receiver(port: int, rank: int, world: int, out: mp.Queue) -> None:
 @pytest.mark.slow
 def test_collective_gloo_delivers_bit_identical_weights_to_two_instances() -> None:
     ctx = mp.get_context("spawn")
-    port, world = free_port(), 3
+    sock = reserve_port()
+    port, world = sock.getsockname()[1], 3
     out: mp.Queue = ctx.Queue()
     procs = [ctx.Process(target=_receiver, args=(port, r, world, out)) for r in (1, 2)]
     for p in procs:
@@ -108,7 +109,7 @@ def test_collective_gloo_delivers_bit_identical_weights_to_two_instances() -> No
     spec = GroupSpec("127.0.0.1", port, world, collective_backend("cpu"), timeout_s=300)
     sender = None
     try:
-        sender = CollectiveTransport(spec, 0, device="cpu", bucket_bytes=1024)
+        sender = CollectiveTransport(spec, 0, device="cpu", bucket_bytes=1024, listen_socket=sock)
         sent = {}
         for version in (1, 2):
             w = _weights(version)
@@ -200,12 +201,13 @@ def test_collective_refresh_into_vllm_is_used_by_the_next_generation(tiny_model_
         seed=0,
         worker_extension_cls=EXTENSION_CLS,
     )
-    port, sent, errors = free_port(), [], []
+    sock = reserve_port()
+    port, sent, errors = sock.getsockname()[1], [], []
 
     def trainer_rank0() -> None:
         try:
             spec = GroupSpec("127.0.0.1", port, 2, collective_backend("cpu"), timeout_s=300)
-            tr = CollectiveTransport(spec, 0, bucket_bytes=64 << 10)  # several buckets: partial reloads
+            tr = CollectiveTransport(spec, 0, bucket_bytes=64 << 10, listen_socket=sock)  # several buckets
             sent.append(tr.send(state, version=7))
             tr.close()
         except Exception as exc:  # surfaced by the assertion below
