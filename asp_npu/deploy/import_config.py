@@ -227,14 +227,6 @@ class Translation:
         if src not in self.mapped:
             self.mapped.append(src)
 
-    def get(self, dotted: str, default: Any = None) -> Any:
-        node: Any = self.out
-        for p in dotted.split("."):
-            if not isinstance(node, dict) or p not in node:
-                return default
-            node = node[p]
-        return node
-
     def skip(self, src: str, reason: str) -> None:
         self.unmapped.append((src, reason))
 

@@ -152,18 +152,24 @@ def main(argv: list[str]) -> int:
             summary = train(cfg, kind, console=True, label=f"{mode} s{seed}")
             summary.update(seed=seed, run_dir=cfg.trainer.run_dir)
             runs[mode].append(summary)
+            if args.json:  # after every run, so a later failure keeps what was measured
+                _write_json(args.json, args.config, overrides, seeds, base, runs)
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
                   f"lag max {summary['lag_max']} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
-    agg = aggregate(runs)
-    print(table(agg))
+    print(table(aggregate(runs)))
     if args.json:
-        from asp_npu.io import atomic_write_json
-
-        atomic_write_json(args.json, {"config": args.config, "overrides": overrides, "seeds": seeds,
-                                      "iterations": base.trainer.train_iters, "modes": agg}, indent=2)
         print(f"results written to {args.json}")
     return 0
+
+
+def _write_json(path: str, config: str | None, overrides: list[str], seeds: list[int], base: Config,
+                runs: dict[str, list[dict[str, Any]]]) -> None:
+    from asp_npu.io import atomic_write_json
+
+    done = {m: rs for m, rs in runs.items() if rs}
+    atomic_write_json(path, {"config": config, "overrides": overrides, "seeds": seeds,
+                             "iterations": base.trainer.train_iters, "modes": aggregate(done)}, indent=2)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

@@ -59,7 +59,8 @@ class RunSpec:
 class WorkPool:
     """Units not dispatched yet, per window (iteration or planning window).
 
-    Static sources keep one deque per instance; `pull` keeps one global deque. An instance takes
+    Static sources keep one deque per instance; `pull` keeps one global deque (taken in order, or at
+    the index `pick` chooses: the stream dispatcher of `asp_npu.schedule.dispatch`). An instance takes
     its own next unit from the oldest window that has one; with `steal`, an instance whose own list
     is empty in the oldest unfinished window takes the last (shortest-planned) unit of the instance
     with the most left there -- the controller re-binds units not yet sent, never running ones.
@@ -79,6 +80,8 @@ class WorkPool:
         self.windows: dict[int, list[deque]] = {}
         self.left: dict[int, int] = {}
         self.next_window = 0
+        # pull: `pick(pending group ids of the oldest window, instance)` -> index to take (default: the first)
+        self.pick: Callable[[list[int], int], int] | None = None
 
     def _materialize_next(self) -> bool:
         if not self.available(self.next_window):
@@ -92,24 +95,30 @@ class WorkPool:
             self.left[it] = total
         return True
 
-    def peek(self, i: int) -> tuple[int, list[int], deque, bool] | None:
-        """(window, unit, its deque, from the right end) of the unit instance i should take, or None."""
+    def peek(self, i: int) -> tuple[int, list[int], deque, int] | None:
+        """(window, unit, its deque, its position there: 0 first, -1 last, j) of instance i's next unit."""
         while True:
             for it in sorted(self.windows):
                 qs = self.windows[it]
                 if self.pull:
-                    return it, qs[0][0], qs[0], False
+                    j = 0 if self.pick is None else self.pick([u[0] for u in qs[0]], i)
+                    return it, qs[0][j], qs[0], j
                 if qs[i]:
-                    return it, qs[i][0], qs[i], False
+                    return it, qs[i][0], qs[i], 0
                 if self.steal:
                     k = max(range(len(qs)), key=lambda j: len(qs[j]))
-                    return it, qs[k][-1], qs[k], True
+                    return it, qs[k][-1], qs[k], -1
             if not self._materialize_next():
                 return None
 
-    def pop(self, ref: tuple[int, list[int], deque, bool]) -> None:
-        it, _, q, right = ref
-        q.pop() if right else q.popleft()
+    def pop(self, ref: tuple[int, list[int], deque, int]) -> None:
+        it, _, q, pos = ref
+        if pos == 0:
+            q.popleft()
+        elif pos == -1:
+            q.pop()
+        else:
+            del q[pos]
         self.left[it] -= 1
         if not self.left[it]:
             del self.left[it], self.windows[it]

@@ -13,8 +13,11 @@
   groups form an update group the rollout is preempted, the trainer updates (shortest first) and the
   unfinished sequences resume (partial rollout, re-prefilled) with the new weights; the off-policy
   cache bound is the same staleness budget in samples as the other asynchronous modes.
-- `asp`: split rule; per-iteration plan from the real planner and predictor, streamed in plan order,
-  undispatched units re-bound to idle instances; the preset's `max_lag`; balanced trainer.
+- `asp`: split rule; the real predictor, the preset's `max_lag`; balanced trainer. Stream executor:
+  groups offered one admission window (iteration) at a time and dispatched by
+  `asp_npu.schedule.dispatch.StreamDispatcher` (predicted-long groups spread by in-flight KV load);
+  unit executor: per-window plan from the real planner, run in plan order, undispatched units
+  re-bound to idle instances.
 
 Every mode gets the same devices and the same prompts. Disaggregated modes all use one split rule
 (`split_devices`): the instance count that balances predicted rollout and training throughput.
@@ -157,7 +160,9 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
         minibatch_groups=mb,
         version_groups=version,
         max_lag=lag,
-        pull=ms.dispatch == "pull",
+        # asp under the stream executor: one global pending list per admission window, the instance
+        # asking for work picks through `asp_npu.schedule.dispatch.StreamDispatcher`
+        pull=ms.dispatch == "pull" or (ms.dispatch == "plan" and preset.rl.executor == "stream"),
         steal=ms.dispatch == "plan",
         unit_exec=ms.dispatch in ("plan", "pull") and not ms.colocated and preset.rl.executor == "unit",
         barrier=ms.barrier,

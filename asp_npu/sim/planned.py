@@ -12,6 +12,7 @@ import numpy as np
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.baselines import fifo_plan
 from asp_npu.schedule.cost import CostModel
+from asp_npu.schedule.dispatch import StreamDispatcher
 from asp_npu.schedule.plan import Groups
 from asp_npu.schedule.planner import PlannerConfig, plan
 from asp_npu.sim.cost import SimCost
@@ -19,7 +20,11 @@ from asp_npu.sim.workload import Workload
 
 
 class PlannedSource:
-    """`units_for(it)` -> per instance, ordered lists of group ids; `observe(g)` after a group finishes."""
+    """`units_for(it)` -> per instance, ordered lists of group ids; `observe(g)` after a group finishes.
+
+    With `stream=True` (continuous-batching executor) a window is returned as one pending list of
+    single groups and `dispatcher` (a `StreamDispatcher` fed the same predictions) picks from it.
+    """
 
     def __init__(
         self,
@@ -33,8 +38,11 @@ class PlannedSource:
         predictor: str = "history",
         seed: int = 0,
         window: int = 1,
+        stream: bool = False,
     ) -> None:
         self.w = workload
+        self.stream = stream
+        self.dispatcher = StreamDispatcher(instances)
         self.window = window
         self.instances = instances
         self.predictor_name = predictor
@@ -53,6 +61,7 @@ class PlannedSource:
         self.plans: list[dict] = []
 
     def observe(self, g: int) -> None:
+        self.dispatcher.done(int(g))
         w = self.w
         n = w.group_size
         self.pred.observe_many(
@@ -83,6 +92,9 @@ class PlannedSource:
             est.q90,
             w.prompt_len[gids],
         )
+        if self.stream:
+            self.dispatcher.add(gids.tolist(), est.q90.tolist())
+            return [[[int(g)] for g in gids.tolist()]]
         mb = self.cfg_base["minibatch"]
         tokens_per_step = mb * float(np.mean(est.mean) + np.mean(w.prompt_len[gids]))
         cfg = PlannerConfig(

@@ -86,6 +86,7 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     spec = run_spec(mode, preset, workload, layout)
     on_done = None
     n_windows = None
+    pick = None
     dispatch = SPECS[mode].dispatch
     if dispatch == "plan":
         src = PlannedSource(
@@ -98,9 +99,11 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
             layout.trainer_devices,
             preset.rl.predictor,
             seed=preset.workload.seed,
-            window=preset.rl.plan_window,
+            window=1 if spec.pull else preset.rl.plan_window,  # stream: one admission window
+            stream=spec.pull,
         )
         units_for, on_done, n_windows = src, src.observe, src.n_windows
+        pick = src.dispatcher.choose if spec.pull else None
     elif dispatch == "pull" and spec.unit_exec:
         fsrc = FifoUnitSource(
             workload,
@@ -115,7 +118,9 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
         units_for = pull_source(workload)
     else:
         units_for = static_source(workload, layout.instances, dispatch)
-    res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
+    sim = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows)
+    sim.pool.pick = pick
+    res = sim.run()
     elapsed = time.perf_counter() - t0
     return ModeRun(mode, layout, res, metrics(res, workload), elapsed)
 

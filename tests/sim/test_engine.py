@@ -166,3 +166,42 @@ def test_work_pool_steals_only_undispatched_units_of_the_oldest_window() -> None
         2, pull=False, steal=False, units_for=lambda it: plan[it], available=lambda it: it < 2, n_windows=2
     )
     assert no_steal.peek(1)[:2] == (1, [5])  # without stealing it runs ahead into the next window
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lens=st.lists(st.lists(st.integers(1, 60), min_size=2, max_size=2), min_size=4, max_size=16),
+    max_lag=st.integers(0, 2),
+    instances=st.integers(1, 3),
+    slots=st.integers(1, 6),
+)
+def test_stream_dispatcher_pick_conserves_and_bounds_lag(lens, max_lag, instances, slots) -> None:
+    """The ASP stream path (global pending list, StreamDispatcher picks) keeps every invariant."""
+    from asp_npu.schedule.dispatch import StreamDispatcher
+
+    g = len(lens) - len(lens) % 2
+    w = from_arrays(np.array(lens[:g]), prompt_len=3, prompts_per_iteration=2)
+    d = StreamDispatcher(instances)
+    d.add(list(range(w.num_groups)), w.response_len.max(axis=1).tolist())
+    cost = SimCost(decode_a=0.1, decode_b=0.01, decode_c=1e-4, train_s_per_token=0.01, refresh_s=0.2)
+    sim = Simulation(
+        spec(
+            instances=instances,
+            slots=slots,
+            devices=instances + 1,
+            minibatch_groups=1,
+            version_groups=1,
+            max_lag=max_lag,
+            pull=True,
+        ),
+        w,
+        cost,
+        pull_source(w),
+        on_group_done=d.done,
+    )
+    sim.pool.pick = d.choose
+    res = sim.run()
+    assert res.tokens_generated == w.total_response_tokens
+    assert res.samples_consumed == w.num_groups * w.group_size
+    assert max(res.lags) <= max_lag and min(res.lags) >= 0
+    assert max(abs(x) for x in d.load) <= 1e-6 * max(1.0, float(w.response_len.max()) ** 2)
