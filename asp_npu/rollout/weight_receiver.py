@@ -25,7 +25,7 @@ class WeightReceiver:
         from safetensors.torch import load
 
         t0 = time.perf_counter()
-        weights = list(load(bytes(blob)).items())
+        weights = list(with_tied_head(self, dict(load(bytes(blob)))).items())
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return time.perf_counter() - t0
 

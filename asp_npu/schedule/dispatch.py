@@ -9,10 +9,13 @@ slowest group of a version finishes -- and that group gates trainer step `versio
 - *skewness of the tail*: a decode step costs `a + b*running + c*kv_tokens` (`schedule.cost`); an
   instance that holds several predicted-long groups carries far more KV tokens, so its stragglers decode
   slower than the same stragglers spread over the instances. FIFO spreads them by chance; we spread
-  them by rule: each instance's in-flight load is its groups' predicted KV token-steps (`n * L^2 / 2`,
-  the cost model's `c` term, `cost.group_kv_token_steps`), and an instance asking for work takes the
-  longest pending group when its load is at or below the mean (LPT over the tail) and the shortest
-  otherwise (it keeps its slots busy without adding to its tail).
+  them by rule: each instance's in-flight load is its groups' predicted KV token-steps (`L^2 / 2` per
+  sample, the cost model's `c` term, `cost.group_kv_token_steps`). The least-loaded instance asking
+  for work takes the longest pending group (LPT over the tail); any other takes the longest pending
+  group that keeps it within its fair share `(in-flight + pending load) / K`, else the shortest (it
+  keeps its slots busy without adding to its tail). Instances fill their slots one after another in
+  an admission burst, so the fair share (not "longest while below the mean") is what stops the
+  last instance to ask from collecting every medium-long group.
 - *the admission window*: pending groups are offered one admission slice (a weights version's worth of
   groups) at a time, so every version's long groups are admitted in its opening burst.
 
@@ -49,24 +52,33 @@ class StreamDispatcher:
             self._pred[g] = float(p)
 
     def weight(self, group_id: Hashable) -> float:
-        """Predicted KV token-steps of a group per sample (`L^2 / 2`): what it adds to an instance's decode."""
+        """Predicted KV token-steps per sample (`L^2 / 2`): what the group adds to an instance's decode."""
         p = self._pred[group_id]
         return 0.5 * p * p
 
     def choose(self, candidates: Sequence[Hashable], instance: int) -> int:
-        """Index of the candidate `instance` should start now (longest if its load <= mean, else shortest)."""
+        """Index of the candidate `instance` should start now (fair-share first-fit decreasing).
+
+        The least-loaded instance takes the longest candidate (LPT: the longest groups land on
+        different instances); any other instance takes the longest candidate that keeps it within its
+        fair share of the in-flight plus pending load, and the shortest when none does.
+        """
         if not candidates:
             raise ValueError("no candidates to choose from")
-        pred = self._pred
-        mean = sum(self.load) / len(self.load)
-        if self.load[instance] <= mean:
-            j = max(range(len(candidates)), key=lambda k: (pred[candidates[k]], -k))
+        ws = [self.weight(g) for g in candidates]
+        load = self.load
+        if load[instance] <= min(load):
+            j = max(range(len(ws)), key=lambda k: (ws[k], -k))
         else:
-            j = min(range(len(candidates)), key=lambda k: (pred[candidates[k]], k))
+            room = (sum(load) + sum(ws)) / len(load) - load[instance]
+            fits = [k for k in range(len(ws)) if ws[k] <= room]
+            if fits:
+                j = max(fits, key=lambda k: (ws[k], -k))
+            else:
+                j = min(range(len(ws)), key=lambda k: (ws[k], k))
         g = candidates[j]
-        w = self.weight(g)
-        self._where[g] = (instance, w)
-        self.load[instance] += w
+        self._where[g] = (instance, ws[j])
+        load[instance] += ws[j]
         return j
 
     def done(self, group_id: Hashable) -> None:

@@ -152,7 +152,9 @@ def test_weight_refresh_matches_refreshed_hf_model(engine, hf_model):
     with torch.no_grad():
         for p in hf_model.parameters():
             p.add_(0.2 * p.std().clamp_min(1e-3) * torch.randn(p.shape, generator=gen))
-    new_state = {k: v.numpy().copy() for k, v in hf_model.state_dict().items()}  # numpy, as the trainer sends
+    # numpy, and without lm_head.weight for a tied model: exactly what the trainer's HF export sends
+    new_state = {k: v.numpy().copy() for k, v in hf_model.state_dict().items()
+                 if not (k == "lm_head.weight" and hf_model.config.tie_word_embeddings)}
     report = loop.run(eng.refresh_weights(new_state, 1))
     assert report.version == 1 and eng.policy_version == 1
     assert 0 < report.load_s <= report.total_s and report.num_bytes > 0
