@@ -55,6 +55,14 @@ Output -- `asp_npu.schedule.plan`::
       [{"prompt_id": p, "sample_idx": k, "predicted_len": L}, ...]}, ...]}, ...],
       "trainer": {"step_end": [...]}, "summary": {...}}
 
+Streaming dispatch -- `asp_npu.schedule.dispatch` (continuous-batching executors: the simulator's `stream`
+executor and the pipeline controller; the plan's units above are for blocking per-unit executors)::
+
+    d = StreamDispatcher(num_instances)
+    d.add(group_ids, predicted_len)          # pending groups (one admission window) + predicted tokens
+    j = d.choose(candidates, instance)       # index into the pending ids `instance` should start now
+    d.done(group_id)                         # finished or cancelled
+
 Quality on actual lengths -- `asp_npu.schedule.quality.plan_quality(plan, actual_len, cfg) -> dict`
 (token load balance, intra-unit spread, realised makespan / trainer end under the same timeline).
 
