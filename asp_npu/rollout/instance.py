@@ -233,19 +233,24 @@ class RolloutInstance:
                 "target_step": spec.target_step,
             }
         )
-        await asyncio.gather(
+        released = await asyncio.gather(
             *(self._run_group(spec.unit, pid, idxs, sampling) for pid, idxs in spec.groups().items())
         )
-        self.unit_events.append({"event": "unit_finish", "t": time.time(), "unit": spec.unit})
+        # the unit ends when its last slot is released: with continuous admission the next unit may
+        # start in that same instant, before this coroutine resumes
+        t_end = max(released, default=time.time())
+        self.unit_events.append({"event": "unit_finish", "t": t_end, "unit": spec.unit})
 
-    async def _run_group(self, unit: int, pid: str, idxs: list[int], sampling: SamplingSettings) -> None:
+    async def _run_group(self, unit: int, pid: str, idxs: list[int], sampling: SamplingSettings) -> float:
+        """Generate one group and deliver it when whole; returns when its slots were released."""
         item = self.prompts.get(pid)
         try:
             trajs = await self._generate_group(unit, pid, item, idxs, sampling)
         finally:
             self._slots_used -= len(idxs)
+            released = time.time()
         if trajs is None:
-            return
+            return released
         for t in trajs:
             t.instance = self.instance_id
             self.tokens_generated += t.response_len
@@ -255,6 +260,7 @@ class RolloutInstance:
             self._expected.pop(pid, None)
             group = sorted(self._partial.pop(pid), key=lambda t: t.sample_idx)
             self._deliver(group)
+        return released
 
     async def _generate_group(
         self, unit: int, pid: str, item: PromptItem | None, idxs: list[int], sampling: SamplingSettings
