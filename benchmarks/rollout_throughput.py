@@ -118,6 +118,7 @@ def main() -> int:
     check_writable(args.json)
     tmp = tempfile.TemporaryDirectory(prefix="asp-bench-")
     models_dir = Path(args.models_dir or tmp.name)
+    models_dir.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     results = []
     try:
