@@ -17,7 +17,7 @@ from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
 from asp_npu.schedule.plan import Groups, RolloutPlan
 from asp_npu.schedule.skewness import balance
 from asp_npu.schedule.sorting import ORDERINGS, instance_orders
-from asp_npu.schedule.timeline import timeline
+from asp_npu.schedule.timeline import Timeline, timeline
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,14 @@ def check_lag_bound(plan: RolloutPlan, cfg: PlannerConfig) -> list[str]:
 # ----------------------------------------------------------------------------------------- assembly
 
 
+def plan_timeline(instance_order: list[list[int]], units: UnitTable, cfg: PlannerConfig) -> Timeline:
+    """Planned start/finish of every unit and end of every trainer step for one per-instance order."""
+    return timeline(
+        instance_order, units.seconds, units.sizes, cfg.minibatch, cfg.max_lag, cfg.train_step_s,
+        units.last_unit,
+    )
+
+
 def assemble(
     groups: Groups,
     cfg: PlannerConfig,
@@ -144,17 +152,12 @@ def assemble(
     instance_order: list[list[int]],
     dispatch: str,
     t0: float,
+    tl: Timeline | None = None,
 ) -> RolloutPlan:
-    """Time the plan, renumber units by planned start, and lay out the columnar RolloutPlan."""
-    tl = timeline(
-        instance_order,
-        units.seconds,
-        units.sizes,
-        cfg.minibatch,
-        cfg.max_lag,
-        cfg.train_step_s,
-        units.last_unit,
-    )
+    """Time the plan (unless its timeline `tl` is given), renumber units by planned start, and lay
+    out the columnar RolloutPlan."""
+    if tl is None:
+        tl = plan_timeline(instance_order, units, cfg)
     u_count = units.seconds.size
     renum = np.lexsort((assign, tl.start))  # new id -> old id
     n = groups.group_size
@@ -275,23 +278,16 @@ def plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan:
             instance_order.append(order)
         candidates[name] = instance_order
     scores = {}
+    timelines: dict[str, Timeline] = {}
     if len(candidates) > 1:
         for name, instance_order in candidates.items():
-            tl = timeline(
-                instance_order,
-                units.seconds,
-                units.sizes,
-                cfg.minibatch,
-                cfg.max_lag,
-                cfg.train_step_s,
-                units.last_unit,
-            )
+            tl = timelines[name] = plan_timeline(instance_order, units, cfg)
             scores[name] = (float(tl.step_end[-1]) if tl.step_end.size else 0.0, float(tl.finish.max()))
         best = min(candidates, key=lambda n: (*scores[n], list(candidates).index(n)))
     else:
         best = next(iter(candidates))
     instance_order = candidates[best]
-    plan_ = assemble(groups, cfg, units, assign, instance_order, "asp", t0)
+    plan_ = assemble(groups, cfg, units, assign, instance_order, "asp", t0, timelines.get(best))
     plan_.summary["ordering"] = best
     plan_.summary["ordering_scores"] = {n: round(v[0], 3) for n, v in scores.items()}
     plan_.summary["plan_seconds"] = round(time.perf_counter() - t0, 4)
