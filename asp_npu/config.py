@@ -108,6 +108,7 @@ class RLConfig:
     mini_batch_size: int = 32  # samples per trainer step (whole groups)
     max_lag: int = 1  # policy lag bound in versions (0 = synchronous); AReaL max_head_offpolicyness
     weight_refresh_interval: int = 1  # refresh rollout weights every k trainer steps
+    weight_refresh_mode: str = "inflight"  # inflight: load between engine steps | drain
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28  # DAPO clip-higher
     kl_coef: float = 0.0
@@ -177,6 +178,8 @@ def validate(cfg: Config) -> list[str]:
             f"rl_config.mini_batch_size: {rl.mini_batch_size} does not hold whole groups of "
             f"n_samples_per_prompt={rl.n_samples_per_prompt}"
         )
+    if rl.weight_refresh_mode not in ("inflight", "drain"):
+        problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
     if rl.weight_refresh_interval < 1:
         problems.append(f"rl_config.weight_refresh_interval: must be >= 1 (got {rl.weight_refresh_interval})")
     if gen.num_instances < 1:

@@ -43,12 +43,13 @@ class Trajectory:
     logprobs: list[float]  # behaviour logprobs of the sampled tokens (temperature-processed)
     finish_reason: str
     reward: float
-    policy_version: int  # weights version that generated it
+    policy_version: int  # weights version of its first token (the oldest: what the lag bound counts)
     instance: int = -1
     epoch: int = 0
     t_submitted: float = 0.0
     t_first_token: float = 0.0
     t_finished: float = 0.0
+    policy_version_last: int = -1  # version of its last token (> policy_version after an in-flight refresh)
 
     @property
     def response_len(self) -> int:

@@ -13,8 +13,9 @@ FIFO for the baselines) cuts the window into units, and the loop then:
 3. when the trainer is free, takes a complete minibatch from the queue and runs the step in a worker
    thread (so dispatching goes on meanwhile);
 4. after a step (every k steps / once per window, per mode) gathers the new HF weights once and sends
-   them to each instance; an instance drains its in-flight sequences on the old weights and loads the
-   new ones, while the other instances keep generating (no global stop).
+   them to each instance, which loads them between two engine steps while its sequences keep
+   decoding (`rl_config.weight_refresh_mode=inflight`; `drain` finishes running sequences on the old
+   weights first); no global stop either way.
 
 `mindspeed-sync` alternates instead (generate the whole window, pause engines, train every step,
 resume + refresh). Everything the run produced goes to the run directory (see `run_dir.py`).
@@ -29,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from asp_npu.pipeline import run_dir as rd
 from asp_npu.pipeline.modes import ModeSpec, max_lag, mode_spec, steps_per_version
 from asp_npu.pipeline.preflight import window_prompts
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
+from asp_npu.schedule.dispatch import StreamDispatcher
 from asp_npu.types import PromptItem, TrainBatch, Trajectory
 
 POLL_S = 0.01
@@ -110,9 +112,7 @@ class Controller:
         cfg = copy.deepcopy(cfg)
         rl = cfg.rl_config
         self.cfg, self.run_dir, self.kind, self.label = cfg, run, kind, label
-        self.spec: ModeSpec = mode_spec(rl.mode)
-        if not self.spec.fixed_admission:
-            self.spec = replace(self.spec, admission=cfg.generate_config.admission)
+        self.spec: ModeSpec = mode_spec(rl.mode, cfg.generate_config.admission)
         self._place_trainer_threads()
         self.G = rl.n_samples_per_prompt
         self.M = rl.mini_batch_size
@@ -122,6 +122,8 @@ class Controller:
         self.total_steps = cfg.trainer.train_iters * self.steps_per_window
         self.k = steps_per_version(cfg, self.spec, self.W)
         self.max_lag = max_lag(cfg, self.spec)
+        # a colocated trainer refreshes idle engines; in flight only matters while sequences run
+        self.drain = self.spec.colocated or rl.weight_refresh_mode == "drain"
         self.K = cfg.generate_config.num_instances
         self.slots = cfg.generate_config.max_num_seqs
         self.prompts = prompts
@@ -132,7 +134,8 @@ class Controller:
         self.units: dict[int, PlannedUnit] = {}
         self.group_unit: dict[str, int] = {}
         self.pending: list[deque[int]] = [deque() for _ in range(self.K)]  # static dispatch
-        self.pull: deque[int] = deque()  # pull dispatch
+        self.pull: deque[int] = deque()  # pull and stream dispatch
+        self.dispatcher = StreamDispatcher(self.K)  # stream dispatch
         self.inflight_units: list[set[int]] = [set() for _ in range(self.K)]
         self.inst_version = [0] * self.K
         self.refreshing: list[Any] = [None] * self.K
@@ -220,7 +223,7 @@ class Controller:
             model_path=cfg.model.path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
             max_num_batched_tokens=gen.max_num_batched_tokens, max_model_len=max_len,
             enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
-            seed=cfg.data.seed)
+            seed=cfg.data.seed, enable_prefix_caching=self.drain)
         self.sampling = SamplingSettings(n=self.G, temperature=sc.temperature, top_p=sc.top_p,
                                          max_tokens=sc.max_tokens, seed=cfg.data.seed)
         self.instances = launch_instances(self.K, settings, self.sampling, kind=self.kind,
@@ -312,20 +315,21 @@ class Controller:
         p = plan(groups, pcfg) if self.spec.planner == "asp" else fifo_plan(groups, pcfg)
         p.write_json(self.run_dir.plans / f"window_{w:04d}.json")
         win = Window(w, items, plan_summary=dict(p.summary))
-        order = [int(u) for inst in p.instance_units for u in inst] if self.spec.dispatch == "static" else \
-            list(range(p.num_units))
-        per_instance = {int(u): k for k, inst in enumerate(p.instance_units) for u in inst}
-        for u in sorted(order) if self.spec.dispatch == "pull" else order:
-            du = p.unit(u)
-            uid = len(self.units)
-            pu = PlannedUnit(uid, w, per_instance[u] if self.spec.dispatch == "static" else -1,
-                             list(dict.fromkeys(s.prompt_id for s in du.samples)),
-                             [(str(s.prompt_id), int(s.sample_idx)) for s in du.samples],
-                             float(du.predicted_tokens))
-            self.units[uid] = pu
-            for g in pu.groups:
-                self.group_unit[g] = uid
-            win.units.append(pu)
+        if self.spec.dispatch == "stream":
+            # one unit per group; which group an asking instance starts is StreamDispatcher's choice
+            self.dispatcher.add(groups.prompt_ids.tolist(), groups.q90.tolist())
+            for g, pred in zip(groups.prompt_ids.tolist(), groups.mean.tolist(), strict=True):
+                self._add_unit(win, -1, [g], [(g, k) for k in range(self.G)], pred * self.G)
+        else:
+            order = [int(u) for inst in p.instance_units for u in inst] \
+                if self.spec.dispatch == "static" else list(range(p.num_units))
+            per_instance = {int(u): k for k, inst in enumerate(p.instance_units) for u in inst}
+            for u in sorted(order) if self.spec.dispatch == "pull" else order:
+                du = p.unit(u)
+                self._add_unit(win, per_instance[u] if self.spec.dispatch == "static" else -1,
+                               list(dict.fromkeys(s.prompt_id for s in du.samples)),
+                               [(str(s.prompt_id), int(s.sample_idx)) for s in du.samples],
+                               float(du.predicted_tokens))
         if self.spec.dispatch == "static":
             for pu in win.units:
                 self.pending[pu.instance].append(pu.uid)
@@ -335,14 +339,33 @@ class Controller:
         ray.get([a.add_prompts.remote(items) for a in self.instances])
         return win
 
+    def _add_unit(self, win: Window, instance: int, groups: list[str], samples: list[tuple[str, int]],
+                  predicted_tokens: float) -> None:
+        pu = PlannedUnit(len(self.units), win.index, instance, groups, samples, predicted_tokens)
+        self.units[pu.uid] = pu
+        for g in groups:
+            self.group_unit[g] = pu.uid
+        win.units.append(pu)
+
     # ------------------------------------------------------------------ dispatch
     def _next_unit_for(self, i: int) -> int | None:
         if self.spec.dispatch == "static":
             return self.pending[i][0] if self.pending[i] else None
-        return self.pull[0] if self.pull else None
+        if not self.pull:
+            return None
+        if self.spec.dispatch == "pull":
+            return self.pull[0]
+        window = self.units[self.pull[0]].window  # the oldest window's groups go first
+        cands = [u for u in self.pull if self.units[u].window == window]
+        return cands[self.dispatcher.choose([self.units[u].groups[0] for u in cands], i)]
 
-    def _pop_unit_for(self, i: int) -> None:
-        (self.pending[i] if self.spec.dispatch == "static" else self.pull).popleft()
+    def _pop_unit_for(self, i: int, uid: int) -> None:
+        if self.spec.dispatch == "static":
+            self.pending[i].popleft()
+        elif self.spec.dispatch == "pull":
+            self.pull.popleft()
+        else:
+            self.pull.remove(uid)
 
     def _window_ready(self) -> bool:
         """More work can be planned: some instance (static) or the shared list (pull) ran dry."""
@@ -386,11 +409,13 @@ class Controller:
                 continue
             pu = self.units[uid]
             if not ray.get(self.queue.admit.remote(pu.groups, self.inst_version[i] // self.k)):
+                if self.spec.dispatch == "stream":
+                    self.dispatcher.unplace(pu.groups[0])
                 self.inst_records[i].set_blocked(now, not self.inflight_units[i])
                 done.add(i)
                 continue
             self.inst_records[i].set_blocked(now, False)
-            self._pop_unit_for(i)
+            self._pop_unit_for(i, uid)
             pu.submitted_to, pu.t_submit = i, now
             self.instances[i].submit_units.remote([UnitSpec(uid, tuple(pu.samples))])
             self.inflight_units[i].add(uid)
@@ -398,6 +423,7 @@ class Controller:
     def on_arrivals(self, rows: list[dict[str, Any]]) -> None:
         for r in rows:
             uid = self.group_unit[r["group"]]
+            self.dispatcher.done(r["group"])
             pu = self.units[uid]
             pu.done_groups += 1
             if pu.done_groups == len(pu.groups):
@@ -428,7 +454,7 @@ class Controller:
         for i in range(self.K):
             if self.refreshing[i] is None and self.blob_ref is not None and \
                     self.inst_version[i] < self.blob_version:
-                ref = self.instances[i].refresh_weights.remote(self.blob_ref, self.blob_version)
+                ref = self.instances[i].refresh_weights.remote(self.blob_ref, self.blob_version, self.drain)
                 self.refreshing[i] = (ref, self.blob_version)
                 self.refresh_started[i] = now
 
@@ -471,6 +497,7 @@ class Controller:
             self.samples_rows.append({
                 "prompt_id": base, "epoch": int(epoch), "sample_idx": t.sample_idx, "instance": t.instance,
                 "policy_version": t.policy_version // self.k, "weights_step": t.policy_version,
+                "weights_step_last": max(t.policy_version, t.policy_version_last),
                 "step": ledger_step, "trainer_step": self.step, "response_len": t.response_len,
                 "reward": t.reward, "t_finished": t.t_finished,
             })

@@ -4,8 +4,10 @@ Every mode gets the same instances, trainer, prompts, seeds and minibatch (ARCHI
 they differ only in what the real systems differ in:
 
 - `asp`            offline ASP plan per window (padding -> skewness -> sorting), each instance runs its
-                   own ordered units; asynchronous, lag bounded by `rl_config.max_lag`; weight refresh
-                   every `weight_refresh_interval` steps.
+                   own ordered units (`generate_config.admission=unit`); under continuous admission
+                   the window's groups stream out through `schedule.dispatch.StreamDispatcher` (longest
+                   predicted first, spread by in-flight KV load), as in the simulator; asynchronous,
+                   lag bounded by `rl_config.max_lag`; weight refresh every `weight_refresh_interval` steps.
 - `async-fifo`     the same asynchronous pipeline with plain FIFO dispatch: units of the same size in
                    prompt order, pulled by whichever instance is free ("scheduling alone" is the gap).
 - `one-step-off`   verl one-step off-policy: FIFO, disaggregated, the next global batch generates with the
@@ -23,7 +25,7 @@ they differ only in what the real systems differ in:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from asp_npu.config import Config
 from asp_npu.errors import ConfigError
@@ -36,6 +38,7 @@ class ModeSpec:
     name: str
     planner: str  # "asp" (offline planner) | "fifo" (prompt order)
     dispatch: str  # "static" (each instance its plan list) | "pull" (next unit to whichever is free)
+    #                | "stream" (a group per dispatch, chosen by StreamDispatcher for the asking instance)
     admission: str  # RolloutInstance admission: "unit" (unit = one batch) | "continuous"
     queue_order: str  # TrainQueue handout order among due groups: "fifo" | "shortest"
     colocated: bool  # strictly alternating rollout / training on the same devices
@@ -56,12 +59,19 @@ SPECS = {
 }
 
 
-def mode_spec(name: str) -> ModeSpec:
+def mode_spec(name: str, admission: str | None = None) -> ModeSpec:
+    """The mode's settings; `admission` (generate_config.admission) applies where the mode lets it."""
     if name not in SPECS:
         raise ConfigError(
             f"rl_config.mode: '{name}' has no real-engine implementation (choose {', '.join(REAL_MODES)})"
         )
-    return SPECS[name]
+    spec = SPECS[name]
+    if admission is None or spec.fixed_admission:
+        return spec
+    spec = replace(spec, admission=admission)
+    if spec.planner == "asp" and admission == "continuous":
+        spec = replace(spec, dispatch="stream")
+    return spec
 
 
 def steps_per_version(cfg: Config, spec: ModeSpec, window_groups: int) -> int:

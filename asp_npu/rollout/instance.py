@@ -11,9 +11,9 @@ For bubble accounting the instance reports busy intervals (at least one sequence
 per-sequence start/finish events and per-unit start/finish events, all on the wall clock
 (`time.time()`), so intervals of different instances compare directly.
 
-`refresh_weights(weights, version)` is a weight_refresh: running sequences finish on the old
-weights while new ones wait, then the HF-named state dict (safetensors bytes or a numpy dict) loads
-in place and the prefix cache is reset; every trajectory carries the one version that generated it.
+`refresh_weights(weights, version, drain)` is a weight_refresh: the HF-named state dict
+(safetensors bytes or a numpy dict) loads in place, either after running sequences finish on the old
+weights (drain) or between two engine steps while they keep decoding (in flight; see vllm_engine).
 `pause()` / `resume()` serve the synchronous colocated baselines: admission stops, and on NPU/CUDA
 the engine sleeps (vLLM sleep mode frees weights and KV memory); vLLM's CPU backend has no sleep
 mode, so on CPU the memory stays allocated.
@@ -328,9 +328,11 @@ class RolloutInstance:
 
     # -- weights / pause ---------------------------------------------------------------------
 
-    async def refresh_weights(self, weights: bytes | Mapping[str, Any], version: int) -> dict[str, Any]:
-        """weight_refresh: in-flight sequences finish on the old weights, then the new ones load."""
-        report = await self.engine.refresh_weights(weights, version)
+    async def refresh_weights(
+        self, weights: bytes | Mapping[str, Any], version: int, drain: bool = True
+    ) -> dict[str, Any]:
+        """weight_refresh (drained or in flight, see `VLLMEngine.refresh_weights`)."""
+        report = await self.engine.refresh_weights(weights, version, drain)
         return {"instance": self.instance_id, **asdict(report)}
 
     async def pause(self) -> None:

@@ -26,6 +26,7 @@ API (stable)::
     j = d.choose(candidates, instance)          # index into `candidates` (pending group ids) to start on
                                                 # `instance` now; records the placement
     d.done(group_id)                            # the group finished (or was cancelled): free its load
+    d.unplace(group_id)                         # `choose` was not acted on (admission refused): undo it
     d.load -> list[float]                       # per-instance predicted in-flight KV token-steps
 
 `choose` is O(len(candidates)); candidates are the pending groups of the current admission slice.
@@ -80,6 +81,12 @@ class StreamDispatcher:
         self._where[g] = (instance, ws[j])
         load[instance] += ws[j]
         return j
+
+    def unplace(self, group_id: Hashable) -> None:
+        """Undo the placement `choose` recorded (the group stays pending with its prediction)."""
+        placed = self._where.pop(group_id, None)
+        if placed is not None:
+            self.load[placed[0]] -= placed[1]
 
     def done(self, group_id: Hashable) -> None:
         """A dispatched group finished or was cancelled: remove its load (unknown ids are ignored)."""

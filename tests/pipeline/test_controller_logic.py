@@ -120,6 +120,11 @@ def test_mode_specs():
     assert steps_per_version(cfg, mode_spec("asp"), window_groups=16) == 1
     with pytest.raises(Exception, match="verl-sync"):
         mode_spec("verl-sync")
+    # the admission setting picks ASP's dispatch; fixed-admission modes ignore it
+    assert mode_spec("asp", "continuous").dispatch == "stream"
+    assert mode_spec("asp", "unit").dispatch == "static" and mode_spec("asp", "unit").admission == "unit"
+    assert mode_spec("async-fifo", "continuous").dispatch == "pull"
+    assert mode_spec("mindspeed-sync", "unit").admission == "continuous"
 
 
 def test_bench_aggregate_and_table():

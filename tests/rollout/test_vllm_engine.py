@@ -26,8 +26,10 @@ def engine(tiny_model_dir):
 
     async def build():
         # a small token budget: a few long prompts exceed it (chunked prefill territory)
+        # prefix caching off: what the pipeline runs with in-flight weight refresh
         settings = EngineSettings(
-            str(tiny_model_dir), max_model_len=256, max_num_seqs=32, max_num_batched_tokens=256
+            str(tiny_model_dir), max_model_len=256, max_num_seqs=32, max_num_batched_tokens=256,
+            enable_prefix_caching=False,
         )
         return VLLMEngine(settings, env)
 
@@ -171,6 +173,34 @@ def test_weight_refresh_matches_refreshed_hf_model(engine, hf_model):
         for b, a in zip(before, after, strict=True)
     ]
     assert all(changed)
+
+
+def test_inflight_refresh_loads_while_a_sequence_keeps_decoding(engine, hf_model):
+    """drain=False: the weights load mid-sequence; the sample records its first and last version."""
+    import asyncio
+    import time
+
+    eng, loop = engine
+    item = make_prompts("count", 1, seed=5)[0]
+    state = {k: v.numpy().copy() for k, v in hf_model.state_dict().items()
+             if not (k == "lm_head.weight" and hf_model.config.tie_word_embeddings)}
+    v0 = eng.policy_version
+
+    async def scenario():
+        task = asyncio.ensure_future(
+            eng.generate(item, SamplingSettings(max_tokens=200, ignore_eos=True, seed=1)))
+        while eng.num_in_flight() == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        report = await eng.refresh_weights(state, v0 + 1, drain=False)
+        t_loaded = time.time()
+        (t,) = await task
+        return report, t_loaded, t
+
+    report, t_loaded, t = loop.run(scenario())
+    assert report.drain_s == 0.0 and eng.policy_version == v0 + 1
+    assert t_loaded < t.t_finished and t.response_len == 200 and len(t.logprobs) == 200
+    assert t.policy_version == v0 and t.policy_version_last == v0 + 1
 
 
 def test_pause_holds_new_sequences_until_resume(engine):

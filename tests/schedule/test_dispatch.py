@@ -31,6 +31,15 @@ def test_done_frees_load_and_unknown_ids_are_ignored() -> None:
     assert d.load == [0.0, 0.0]
 
 
+def test_unplace_undoes_a_choice_but_keeps_the_prediction() -> None:
+    d = StreamDispatcher(2)
+    d.add(["a", "b"], [10.0, 4.0])
+    assert d.choose(["a", "b"], 0) == 0 and d.load[0] == 50.0
+    d.unplace("a")
+    assert d.load == [0.0, 0.0] and d.weight("a") == 50.0
+    assert d.choose(["a", "b"], 1) == 0 and d.load == [0.0, 50.0]
+
+
 def test_bad_inputs() -> None:
     with pytest.raises(ValueError):
         StreamDispatcher(0)
