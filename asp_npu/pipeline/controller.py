@@ -499,6 +499,7 @@ class Controller:
                 "policy_version": t.policy_version // self.k, "weights_step": t.policy_version,
                 "weights_step_last": max(t.policy_version, t.policy_version_last),
                 "step": ledger_step, "trainer_step": self.step, "response_len": t.response_len,
+                "prompt_len": len(t.prompt_token_ids),
                 "reward": t.reward, "t_finished": t.t_finished,
             })
         lens = [t.response_len for t in trajs]
