@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asp_npu.errors import ConfigError
+from asp_npu.errors import ConfigError, UserError
 
 MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "verl-sync")
 
@@ -49,6 +49,7 @@ class DataConfig:
 
     data_path: str = ""  # empty -> synthetic task below
     task: str = "count"  # synthetic task name (asp_npu.data.tasks)
+    length_dist: str = ""  # synthetic answer items, e.g. "lognormal:median=6,sigma=1.4" ("" = task default)
     num_prompts: int = 256
     seed: int = 1234
 
@@ -141,13 +142,13 @@ class TrainerConfig:
 class SFTConfig:
     """Supervised warm-start (`asp-npu sft`; `model.warm_start_steps` in `asp-npu train`) on data.task."""
 
-    steps: int = 300
+    steps: int = 2500
     batch_size: int = 32  # examples per optimizer step
-    lr: float = 1e-3  # peak: linear warm-up over 5% of the steps, cosine decay to 10%
+    lr: float = 2e-3  # peak: linear warm-up over 5% of the steps, cosine decay to 10%
     num_examples: int = 4096  # generated task examples (seed below, distinct from the RL prompts)
     max_items: int = 16  # cap on answer items of the training examples (keeps CPU steps short)
     eval_prompts: int = 64  # first N RL prompts (data section) scored greedily by exact match
-    eval_every: int = 100  # steps between evaluations (0 = only before and after)
+    eval_every: int = 500  # steps between evaluations (0 = only before and after)
     out: str = "models/tiny-sft"  # HF folder written at the end (config + tokenizer + weights)
     seed: int = 4321
 
@@ -194,6 +195,13 @@ def validate(cfg: Config) -> list[str]:
                  "micro_batch_size"):
         if getattr(act, name) < 1:
             problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
+    if cfg.data.length_dist:
+        from asp_npu.data.tasks import parse_length_dist
+
+        try:
+            parse_length_dist(cfg.data.length_dist)
+        except UserError as exc:
+            problems.append(f"data.length_dist: {exc}")
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):

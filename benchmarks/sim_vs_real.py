@@ -154,6 +154,7 @@ def dataset_info(raw: Mapping[str, Any], s: RunSettings, need_lengths: bool) -> 
             str(data.get("task", d.task)),
             int(data.get("num_prompts", d.num_prompts)),
             int(data.get("seed", d.seed)),
+            str(data.get("length_dist", "") or ""),
         )
     except Exception as exc:  # noqa: BLE001 - any failure: fall back, and say why
         _DATASETS[key] = (None, None, f"dataset not rebuilt ({type(exc).__name__}: {str(exc)[:80]})")

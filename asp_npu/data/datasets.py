@@ -162,13 +162,24 @@ def load_dataset(
     return items
 
 
-def load_prompts(data_path: str, task: str, num_prompts: int, seed: int, **kwargs: Any) -> list[PromptItem]:
-    """The config's `data` section: a dataset file if given, else the synthetic task."""
+def load_prompts(
+    data_path: str, task: str, num_prompts: int, seed: int, length_dist: str = "", **kwargs: Any
+) -> list[PromptItem]:
+    """The config's `data` section: a dataset file if given, else the synthetic task.
+
+    `length_dist` (synthetic tasks only) is a `parse_length_dist` spec for the answer lengths, e.g.
+    `lognormal:median=6,sigma=1.4,max=160`; empty = the task's default distribution.
+    """
     if data_path:
         return load_dataset(data_path, limit=num_prompts or None, **kwargs)
-    from asp_npu.data.tasks import make_prompts
+    from asp_npu.data.tasks import make_prompts, parse_length_dist
 
-    return make_prompts(task, num_prompts, seed)
+    return make_prompts(task, num_prompts, seed, parse_length_dist(length_dist) if length_dist else None)
+
+
+def config_prompts(data: Any) -> list[PromptItem]:
+    """The prompts a config's `data` section (`asp_npu.config.DataConfig`) names."""
+    return load_prompts(data.data_path, data.task, data.num_prompts, data.seed, data.length_dist)
 
 
 def encode_prompt(item: PromptItem, tokenizer: Any) -> list[int]:

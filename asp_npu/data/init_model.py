@@ -27,7 +27,7 @@ SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(
         hidden_size=128,
         intermediate_size=384,
-        num_hidden_layers=2,
+        num_hidden_layers=4,  # 2 layers learn to count but not to stop (docs/BENCHMARKS.md, issue 5)
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,

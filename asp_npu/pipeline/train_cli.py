@@ -58,14 +58,14 @@ def warm_start(cfg: Config, run: rd.RunDir) -> None:
 
 def train(cfg: Config, kind: str, console: bool = True, label: str = "") -> dict[str, Any]:
     """One training run into `trainer.run_dir` (config already preflighted); returns the run summary."""
-    from asp_npu.data.datasets import load_prompts
+    from asp_npu.data.datasets import config_prompts
     from asp_npu.observe.report import draw_report
     from asp_npu.pipeline.controller import Controller
 
     prepare_model(cfg)
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
     warm_start(cfg, run)
-    prompts = load_prompts(cfg.data.data_path, cfg.data.task, cfg.data.num_prompts, cfg.data.seed)
+    prompts = config_prompts(cfg.data)
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
     try:
         ctl.start()

@@ -114,7 +114,7 @@ def warm_start(
     """
     from transformers import AutoTokenizer
 
-    from asp_npu.data.datasets import load_prompts
+    from asp_npu.data.datasets import config_prompts
     from asp_npu.trainer.convert import save_hf_folder
     from asp_npu.trainer.group import TrainerGroup
 
@@ -125,7 +125,7 @@ def warm_start(
     src = cfg.model.path
     tok = AutoTokenizer.from_pretrained(src)
     pairs = training_examples(cfg, tok)
-    eval_set = load_prompts(cfg.data.data_path, cfg.data.task, cfg.data.num_prompts, cfg.data.seed)[
+    eval_set = config_prompts(cfg.data)[
         : s.eval_prompts
     ]
     max_new = cfg.generate_config.sampling_config.max_tokens

@@ -26,6 +26,7 @@ def test_good_config_passes(tmp_path):
     ("override", "message"),
     [
         ("rl_config.max_lag=-1", "rl_config.max_lag: must be >= 0"),
+        ("data.length_dist=zipf:median=3", "data.length_dist: length distribution 'zipf' is not one of"),
         ("rl_config.weight_refresh_mode=sometimes", "weight_refresh_mode: 'sometimes' is not inflight|drain"),
         ("rl_config.mini_batch_size=18", "rl_config.mini_batch_size: 18 does not hold whole groups"),
         ("generate_config.num_instances=3", "generate_config.num_instances: 3 instances x TP 1 need 3 cores"),

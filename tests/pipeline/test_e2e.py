@@ -61,7 +61,7 @@ def test_run_invariants(bench, mode):
     assert max_lag == (1 if mode == "asp" else 0)
     for s in samples:
         assert 0 <= s["step"] - s["policy_version"] <= max_lag, s
-        assert s["weights_step"] <= s["trainer_step"]
+        assert s["weights_step"] <= s["weights_step_last"] <= s["trainer_step"]
     consumed = [(f"{s['prompt_id']}@{s['epoch']}", s["sample_idx"]) for s in samples]
     planned = _planned(run)
     assert len(consumed) == len(set(consumed)) and len(planned) == len(set(planned))
