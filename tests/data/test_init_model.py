@@ -20,7 +20,7 @@ def test_tiny_model_folder_loads_with_hf(tiny_model_dir):
 
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen2ForCausalLM"]
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (128, 2, 4)
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (128, 4, 4)
     assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     assert cfg["vocab_size"] % 64 == 0 and cfg["vocab_size"] >= len(tok)
