@@ -103,6 +103,21 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
     return env
 
 
+ROLLOUT_NICE_ENV = "ASP_ROLLOUT_NICE"
+
+
+def rollout_niceness(kind: DeviceKind, shares_trainer_devices: bool) -> int:
+    """CPU scheduling niceness for rollout engine processes (0 = unchanged).
+
+    On an accelerator a disaggregated trainer owns its devices. On CPU the engines and the trainer
+    share the cores, and the trainer is the asynchronous pipeline's critical path (rollout runs up to
+    `max_lag` versions ahead), so the engines yield the CPU whenever the trainer has work: the CPU
+    stand-in for the trainer's own devices. A colocated (alternating) trainer never overlaps the
+    engines, so nothing changes there.
+    """
+    return 10 if kind == "cpu" and shares_trainer_devices else 0
+
+
 def available_devices(kind: DeviceKind) -> int:
     """How many devices of this kind this node offers (CPU: usable cores)."""
     if kind == "cpu":

@@ -197,7 +197,7 @@ class Controller:
         """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
         import ray
 
-        from asp_npu.device import loopback_env
+        from asp_npu.device import loopback_env, rollout_niceness
         from asp_npu.pipeline.queue_actor import make_queue_actor
         from asp_npu.rollout.engine import EngineSettings, SamplingSettings
         from asp_npu.rollout.instance import launch_instances
@@ -229,7 +229,8 @@ class Controller:
         self.instances = launch_instances(self.K, settings, self.sampling, kind=self.kind,
                                           kv_cache_gib=gen.kv_cache_gib,
                                           devices_per_instance=gen.infer_tensor_parallel_size,
-                                          sink=self.queue, admission=self.spec.admission, keep_polled=False)
+                                          sink=self.queue, admission=self.spec.admission, keep_polled=False,
+                                          nice=rollout_niceness(self.kind, not self.spec.colocated))
         self.trainer = TrainerGroup(cfg)
         self._warm_up()
 

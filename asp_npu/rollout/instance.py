@@ -108,10 +108,14 @@ class RolloutInstance:
 
     async def start(self) -> dict[str, Any]:
         """Build the engine (in this process, with this instance's env) and start the unit runner."""
+        from asp_npu.device import ROLLOUT_NICE_ENV
         from asp_npu.rollout.vllm_engine import VLLMEngine
 
         t0 = time.time()
         os.environ.update(self.env)
+        nice = int(self.env.get(ROLLOUT_NICE_ENV, "0"))
+        if nice:
+            os.nice(nice)  # before the engine starts: its EngineCore and worker processes inherit it
         self.attach_engine(VLLMEngine(self.settings, self.env))
         return {
             "instance": self.instance_id,
@@ -402,22 +406,26 @@ def launch_instances(
     admission: str = "unit",
     keep_polled: bool = True,
     start: bool = True,
+    nice: int = 0,
 ) -> list[Any]:
     """Create `num` RolloutInstance actors, each pinned to its own devices; Ray must be initialised.
 
     With `start`, the engines are built in parallel and this returns once all are ready (the
     first failure is raised as a UserError naming the instance; the others are shut down).
+    `nice` > 0 lowers the engines' CPU priority (`asp_npu.device.rollout_niceness`).
     """
     import ray
 
     from asp_npu.data.init_model import check_model_dir
-    from asp_npu.device import available_devices
+    from asp_npu.device import ROLLOUT_NICE_ENV, available_devices
 
     check_model_dir(settings.model_path)
     per_node = devices_per_node or available_devices(kind)  # type: ignore[arg-type]
     actors = []
     for i in range(num):
         env, options = instance_placement(kind, i, devices_per_instance, per_node, kv_cache_gib)
+        if nice:
+            env = {**env, ROLLOUT_NICE_ENV: str(nice)}
         actor_cls = ray.remote(RolloutInstance).options(**options)
         actors.append(actor_cls.remote(i, settings, sampling, env, sink, admission, keep_polled))
     if start:

@@ -111,3 +111,9 @@ def test_prepare_megatron_on_npu_imports_torch_npu_then_the_mindspeed_adaptor(mo
             sys.modules.pop(name, None)
     assert executed == ["torch_npu", "mindspeed", "mindspeed.megatron_adaptor"]
     assert not any(m == "megatron" or m.startswith("megatron.") for m in executed)
+
+
+def test_rollout_niceness_only_where_engines_share_cores_with_the_trainer() -> None:
+    assert device.rollout_niceness("cpu", shares_trainer_devices=True) > 0
+    assert device.rollout_niceness("cpu", shares_trainer_devices=False) == 0
+    assert device.rollout_niceness("npu", shares_trainer_devices=True) == 0
