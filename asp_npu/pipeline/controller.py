@@ -144,6 +144,7 @@ class Controller:
         self.inst_records = [InstanceRecord() for _ in range(self.K)]
         self.trainer_record = TrainerRecord()
         self.version = 0  # trainer weights version (= optimizer steps done)
+        self.base = 0  # step a resumed run continues after (`actor_config.load`); the ledger counts from it
         self.blob_ref: Any = None
         self.blob_version = 0
         self.arrivals_seen = 0
@@ -233,6 +234,20 @@ class Controller:
                                           nice=rollout_niceness(self.kind, not self.spec.colocated))
         self.trainer = TrainerGroup(cfg)
         self._warm_up()
+        self._resume()
+
+    def _resume(self) -> None:
+        """`actor_config.load`: restore the trainer (model, optimizer, RNG, step) and give every
+        instance its weights; planning continues with the window after the checkpoint's step.
+        The length predictor starts cold (its history is not checkpointed)."""
+        load = self.cfg.actor_config.load
+        if not load:
+            return
+        step = int(self.trainer.load(load)["step"])
+        self.step = self.version = self.base = step
+        self.next_window = step // self.steps_per_window
+        self._publish_weights()
+        self._refresh_all_and_wait()
 
     def _warm_up(self) -> None:
         """One short generation per instance before the clock starts: the first generate of a vLLM
@@ -409,7 +424,7 @@ class Controller:
                 done.add(i)
                 continue
             pu = self.units[uid]
-            if not ray.get(self.queue.admit.remote(pu.groups, self.inst_version[i] // self.k)):
+            if not ray.get(self.queue.admit.remote(pu.groups, self._ledger_version(self.inst_version[i]))):
                 if self.spec.dispatch == "stream":
                     self.dispatcher.unplace(pu.groups[0])
                 self.inst_records[i].set_blocked(now, not self.inflight_units[i])
@@ -459,6 +474,15 @@ class Controller:
                 self.refreshing[i] = (ref, self.blob_version)
                 self.refresh_started[i] = now
 
+    def _refresh_all_and_wait(self) -> None:
+        """Bring every instance to the published weights before generating (sync modes, resume)."""
+        if self.blob_ref is None:
+            return
+        self.refresh_instances(time.time())
+        while any(r is not None for r in self.refreshing):
+            self.poll_refreshes()
+            time.sleep(POLL_S)
+
     def poll_refreshes(self) -> None:
         import ray
 
@@ -484,20 +508,26 @@ class Controller:
         t1 = time.time()
         return out, t0, t1, self._gather_weights() if gather else None
 
+    def _ledger_version(self, weights_step: int) -> int:
+        """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
+        return (weights_step - self.base) // self.k
+
     def _on_step(self, handout: dict[str, Any], out: dict[str, float], t0: float, t1: float,
                  waited_s: float, extra: dict[str, float] | None = None) -> None:
         """Record one finished trainer step: ledger, metrics row, version bump."""
         trajs: list[Trajectory] = handout["trajectories"]
         self.trainer_record.busy.append((t0, t1))
         self.train_step_s = (t1 - t0) if not self.train_step_s else 0.7 * self.train_step_s + 0.3 * (t1 - t0)
-        ledger_step = handout["step"]
-        lags = [ledger_step - t.policy_version // self.k for t in trajs]
+        offset = self.base // self.k  # ledger numbers -> run-wide numbers after a resume
+        ledger_step = handout["step"] + offset
+        lags = [ledger_step - self._ledger_version(t.policy_version) - offset for t in trajs]
         stale_steps = [self.step - t.policy_version for t in trajs]
         for t in trajs:
             base, epoch = t.prompt_id.rsplit("@", 1)
             self.samples_rows.append({
                 "prompt_id": base, "epoch": int(epoch), "sample_idx": t.sample_idx, "instance": t.instance,
-                "policy_version": t.policy_version // self.k, "weights_step": t.policy_version,
+                "policy_version": self._ledger_version(t.policy_version) + offset,
+                "weights_step": t.policy_version,
                 "weights_step_last": max(t.policy_version, t.policy_version_last),
                 "step": ledger_step, "trainer_step": self.step, "response_len": t.response_len,
                 "prompt_len": len(t.prompt_token_ids),
@@ -551,7 +581,7 @@ class Controller:
         import ray
 
         self.t_start = self._last_step_end = time.time()
-        self.versions.append((self.t_start, 0))
+        self.versions.append((self.t_start, self.version))
         runner = self._run_sync if self.spec.colocated else self._run_async
         runner()
         t_end = time.time()
@@ -618,16 +648,12 @@ class Controller:
         """MindSpeed-RL integrated worker: generate a whole window, pause engines, train all its steps."""
         import ray
 
-        for _ in range(self.n_windows):
+        for _ in range(self.next_window, self.n_windows):
             t_gen = time.time()
             self._end_lent(t_gen)
             # wake up: resume engines, load the newest weights everywhere, then generate
             ray.get([a.resume.remote() for a in self.instances])
-            if self.blob_ref is not None:
-                self.refresh_instances(time.time())
-                while any(r is not None for r in self.refreshing):
-                    self.poll_refreshes()
-                    time.sleep(POLL_S)
+            self._refresh_all_and_wait()
             win = self.plan_window()
             assert win is not None
             expected = sum(len(u.groups) for u in win.units)

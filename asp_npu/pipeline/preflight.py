@@ -77,6 +77,41 @@ def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
         kind = "cpu"
     n = devices_per_node or cfg.trainer.n_devices_per_node or available_devices(kind)
     problems += device_problems(cfg, kind, n)
+    if cfg.actor_config.load and not problems:
+        problems += resume_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
     return kind
+
+
+def resume_step(cfg: Config) -> int:
+    """The trainer step a run resumed from `actor_config.load` continues after (0 = a fresh run)."""
+    if not cfg.actor_config.load:
+        return 0
+    from asp_npu.trainer.checkpoint import read_meta
+
+    return int(read_meta(cfg.actor_config.load)["step"])
+
+
+def resume_problems(cfg: Config) -> list[str]:
+    """A resumed run continues at an iteration (planning window) and weight-refresh boundary."""
+    from asp_npu.pipeline.modes import mode_spec, steps_per_version
+
+    load = cfg.actor_config.load
+    try:
+        step = resume_step(cfg)
+    except ConfigError as exc:
+        return [str(exc)]
+    rl = cfg.rl_config
+    window = window_prompts(cfg)
+    per_window = window * rl.n_samples_per_prompt // rl.mini_batch_size
+    k = steps_per_version(cfg, mode_spec(rl.mode), window)
+    total = cfg.trainer.train_iters * per_window
+    if step % per_window or step % k:
+        return [f"actor_config.load: '{load}' is at step {step}; a run resumes at an iteration boundary "
+                f"(a multiple of {per_window} steps and of the refresh interval {k}): set trainer.save_freq "
+                "to a multiple of both"]
+    if step >= total:
+        return [f"actor_config.load: '{load}' is at step {step}, trainer.train_iters="
+                f"{cfg.trainer.train_iters} is {total} steps: nothing left to train"]
+    return []

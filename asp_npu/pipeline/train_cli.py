@@ -43,8 +43,8 @@ def warm_start(cfg: Config, run: rd.RunDir) -> None:
     The warm-started policy is written next to the run (`<run_dir>/warm_start`) and used as
     `model.path` from here on, so instances and trainer start from the same weights.
     """
-    if cfg.model.warm_start_steps <= 0:
-        return
+    if cfg.model.warm_start_steps <= 0 or cfg.actor_config.load:
+        return  # a resumed run takes its weights from the checkpoint
     from asp_npu.trainer import sft
 
     out = run.path / rd.WARM_START
@@ -63,7 +63,9 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "") -> dict
     from asp_npu.pipeline.controller import Controller
 
     prepare_model(cfg)
-    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
+    # resuming into the same run directory must not clear the checkpoint it resumes from
+    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
+                           keep_checkpoints=bool(cfg.actor_config.load))
     warm_start(cfg, run)
     prompts = config_prompts(cfg.data)
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)

@@ -77,3 +77,25 @@ def test_train_cli_rejects_before_any_actor(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rl_config.max_lag: must be >= 0" in err[0]
     assert not run.exists()
+
+
+def test_resume_needs_an_iteration_boundary_with_steps_left(tmp_path):
+    import json
+
+    from asp_npu.trainer.checkpoint import SCHEMA
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+
+    def at(step):
+        (ckpt / "latest.json").write_text(json.dumps({"schema": SCHEMA, "iteration": "iter_1", "step": step}))
+        return _cfg(tmp_path, f"actor_config.load={ckpt}", "rl_config.global_batch_size=8",
+                    "trainer.train_iters=5")
+
+    assert preflight(at(4), devices_per_node=2) == "cpu"  # 2 steps per iteration: step 4 ends iteration 2
+    with pytest.raises(ConfigError, match="is at step 3; a run resumes at an iteration boundary"):
+        preflight(at(3), devices_per_node=2)
+    with pytest.raises(ConfigError, match="nothing left to train"):
+        preflight(at(10), devices_per_node=2)
+    with pytest.raises(ConfigError, match="holds no trainer checkpoint"):
+        preflight(_cfg(tmp_path, f"actor_config.load={tmp_path / 'none'}"), devices_per_node=2)

@@ -86,3 +86,23 @@ def test_report_redraws(bench, capsys):
     png.unlink()
     assert cli_main(["report", str(png.parent)]) == 0
     assert png.stat().st_size > 10_000 and str(png) in capsys.readouterr().out
+
+
+def test_resume_continues_from_the_checkpoint(bench):
+    """`actor_config.load` = the asp run's final checkpoint (step 6): one more iteration, steps 7-9,
+    generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared."""
+    _, runs = bench
+    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS / "final"
+    out = runs / "asp_resumed"
+    rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", f"model.path={runs.parent / 'tiny'}",
+                   f"actor_config.load={ckpt}", "trainer.train_iters=3", f"trainer.run_dir={out}",
+                   "data.seed=1234", *OVERRIDES])
+    assert rc == 0 and (ckpt / "latest.json").is_file()
+    summary = json.loads((out / rd.SUMMARY).read_text())
+    samples = [json.loads(line) for line in (out / rd.SAMPLES).read_text().splitlines()]
+    assert summary["steps"] == 9 and len(samples) == 24
+    for s in samples:
+        assert 6 <= s["trainer_step"] <= 8 and 6 <= s["weights_step"] <= s["trainer_step"], s
+        assert 0 <= s["step"] - s["policy_version"] <= 1, s
+    steps = [json.loads(line)["step"] for line in (out / rd.METRICS).read_text().splitlines()]
+    assert min(steps) == 7
