@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from asp_npu import io
 from asp_npu.errors import UserError
 from asp_npu.sim.modes import SPECS as SIM_SPECS
 from asp_npu.sim.modes import Layout
@@ -153,21 +154,8 @@ def settings_from_config(raw: Mapping[str, Any]) -> RunSettings:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (blank lines skipped); a malformed line is a UserError naming it."""
-    rows: list[dict[str, Any]] = []
-    p = Path(path)
-    with p.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{p}:{i}: malformed JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{p}:{i}: expected an object")
-            rows.append(row)
-    return rows
+    """Rows of a run's JSONL file (`asp_npu.io.read_jsonl`: a malformed line names file:line)."""
+    return [row for _, row in io.read_jsonl(path)]
 
 
 def split_group_id(gid: str) -> GroupKey:
