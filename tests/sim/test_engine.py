@@ -109,6 +109,26 @@ def test_max_lag_zero_is_synchronous() -> None:
             assert not any(a < t < b for a, b in busy)
 
 
+def _small_workload(lens: list[list[int]]):
+    g = len(lens) - len(lens) % 2
+    return from_arrays(np.array(lens[:g]), prompt_len=3, prompts_per_iteration=2)
+
+
+def _small_sim(w, instances: int, slots: int, max_lag: int, pull: bool, source, cost: SimCost,
+               **kw) -> Simulation:
+    """One version per minibatch of one group, a trainer device beside the instances."""
+    return Simulation(
+        spec(instances=instances, slots=slots, devices=instances + 1, minibatch_groups=1, version_groups=1,
+             max_lag=max_lag, pull=pull),
+        w, cost, source, **kw)
+
+
+def _assert_conserved_and_lag_bounded(res, w, max_lag: int) -> None:
+    assert res.tokens_generated == w.total_response_tokens
+    assert res.samples_consumed == w.num_groups * w.group_size
+    assert max(res.lags) <= max_lag and min(res.lags) >= 0
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lens=st.lists(st.lists(st.integers(1, 60), min_size=2, max_size=2), min_size=4, max_size=16),
@@ -118,8 +138,7 @@ def test_max_lag_zero_is_synchronous() -> None:
     pull=st.booleans(),
 )
 def test_conservation_and_lag_bound(lens, max_lag, instances, slots, pull) -> None:
-    g = len(lens) - len(lens) % 2
-    w = from_arrays(np.array(lens[:g]), prompt_len=3, prompts_per_iteration=2)
+    w = _small_workload(lens)
     cost = SimCost(
         decode_a=0.1,
         decode_b=0.01,
@@ -129,23 +148,8 @@ def test_conservation_and_lag_bound(lens, max_lag, instances, slots, pull) -> No
         refresh_s=0.2,
     )
     src = pull_source(w) if pull else static_source(w, instances, "round_robin")
-    res = Simulation(
-        spec(
-            instances=instances,
-            slots=slots,
-            devices=instances + 1,
-            minibatch_groups=1,
-            version_groups=1,
-            max_lag=max_lag,
-            pull=pull,
-        ),
-        w,
-        cost,
-        src,
-    ).run()
-    assert res.tokens_generated == w.total_response_tokens
-    assert res.samples_consumed == w.num_groups * w.group_size
-    assert max(res.lags) <= max_lag and min(res.lags) >= 0
+    res = _small_sim(w, instances, slots, max_lag, pull, src, cost).run()
+    _assert_conserved_and_lag_bounded(res, w, max_lag)
     b = account(res.log, 0.0, res.wall_s)
     total = b.utilization + b.padding + b.skewness + b.sorting + b.overhead
     assert total == pytest.approx(1.0) and b.coverage == pytest.approx(1.0)
@@ -179,29 +183,12 @@ def test_stream_dispatcher_pick_conserves_and_bounds_lag(lens, max_lag, instance
     """The ASP stream path (global pending list, StreamDispatcher picks) keeps every invariant."""
     from asp_npu.schedule.dispatch import StreamDispatcher
 
-    g = len(lens) - len(lens) % 2
-    w = from_arrays(np.array(lens[:g]), prompt_len=3, prompts_per_iteration=2)
+    w = _small_workload(lens)
     d = StreamDispatcher(instances)
     d.add(list(range(w.num_groups)), w.response_len.max(axis=1).tolist())
     cost = SimCost(decode_a=0.1, decode_b=0.01, decode_c=1e-4, train_s_per_token=0.01, refresh_s=0.2)
-    sim = Simulation(
-        spec(
-            instances=instances,
-            slots=slots,
-            devices=instances + 1,
-            minibatch_groups=1,
-            version_groups=1,
-            max_lag=max_lag,
-            pull=True,
-        ),
-        w,
-        cost,
-        pull_source(w),
-        on_group_done=d.done,
-    )
+    sim = _small_sim(w, instances, slots, max_lag, True, pull_source(w), cost, on_group_done=d.done)
     sim.pool.pick = d.choose
     res = sim.run()
-    assert res.tokens_generated == w.total_response_tokens
-    assert res.samples_consumed == w.num_groups * w.group_size
-    assert max(res.lags) <= max_lag and min(res.lags) >= 0
+    _assert_conserved_and_lag_bounded(res, w, max_lag)
     assert max(abs(x) for x in d.load) <= 1e-6 * max(1.0, float(w.response_len.max()) ** 2)
