@@ -93,7 +93,11 @@ class ActorConfig:
     load: str = ""  # checkpoint folder to resume from
     save: str = ""  # checkpoint folder (defaults to <run_dir>/checkpoints)
     ppo_epochs: int = 1  # optimizer updates per TrainBatch (proximal policy = weights before the first)
+    use_dynamic_bsz: bool = False  # micro-batches by padded-token budget instead of micro_batch_size (verl)
+    ppo_max_token_len_per_gpu: int = 4096  # that budget, per micro-batch and rank
     num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
+    cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned;
+    #                      the pipeline fills it from its placement)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (Megatron)
     sequence_parallel: bool = False
     recompute_granularity: str = ""  # "" | selective | full (activation recomputation)
@@ -202,6 +206,11 @@ def validate(cfg: Config) -> list[str]:
             parse_length_dist(cfg.data.length_dist)
         except UserError as exc:
             problems.append(f"data.length_dist: {exc}")
+    if act.use_dynamic_bsz and act.ppo_max_token_len_per_gpu < 1:
+        problems.append("actor_config.ppo_max_token_len_per_gpu: must be >= 1 "
+                        f"(got {act.ppo_max_token_len_per_gpu})")
+    if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
+        problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):

@@ -104,18 +104,65 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
 
 
 ROLLOUT_NICE_ENV = "ASP_ROLLOUT_NICE"
+PIN_CORES_ENV = "ASP_PIN_CORES"
 
 
-def rollout_niceness(kind: DeviceKind, shares_trainer_devices: bool) -> int:
-    """CPU scheduling niceness for rollout engine processes (0 = unchanged).
+@dataclass(frozen=True)
+class CpuPlacement:
+    """The cores of each rollout instance and each trainer rank on a CPU node.
 
-    On an accelerator a disaggregated trainer owns its devices. On CPU the engines and the trainer
-    share the cores, and the trainer is the asynchronous pipeline's critical path (rollout runs up to
-    `max_lag` versions ahead), so the engines yield the CPU whenever the trainer has work: the CPU
-    stand-in for the trainer's own devices. A colocated (alternating) trainer never overlaps the
-    engines, so nothing changes there.
+    `disjoint`: rollout and training own separate cores, the CPU form of a disaggregated cluster where
+    the trainer owns its NPUs; every process is pinned, so neither slows the other. Otherwise they
+    share the cores: colocated modes alternate (nothing overlaps), and an asynchronous mode that does
+    not fit lowers the engines' priority (`rollout_nice`) so the trainer, its critical path, is not
+    starved while rollout runs up to `max_lag` versions ahead.
     """
-    return 10 if kind == "cpu" and shares_trainer_devices else 0
+
+    instance_cores: tuple[tuple[int, ...], ...]
+    trainer_cores: tuple[int, ...]
+    disjoint: bool
+    colocated: bool
+
+    @property
+    def rollout_nice(self) -> int:
+        return 0 if self.disjoint or self.colocated else 10
+
+
+def rank_cores(cores: list[int] | tuple[int, ...], rank: int, world: int) -> list[int]:
+    """Trainer rank `rank`'s share of the trainer cores (ranks share cores when there are fewer)."""
+    if len(cores) < world:
+        return [cores[rank % len(cores)]]
+    share = len(cores) // world
+    return list(cores[rank * share:(rank + 1) * share])
+
+
+def cpu_placement(cores: list[int], num_instances: int, cores_per_instance: int, trainer_world: int,
+                  colocated: bool) -> CpuPlacement:
+    """Disjoint cores for an asynchronous mode when rollout + trainer fit (the trainer gets every core
+    the instances leave), else all cores shared; instances take consecutive cores round-robin."""
+    rollout = num_instances * cores_per_instance
+    disjoint = not colocated and rollout + trainer_world <= len(cores)
+    pool = cores[:rollout] if disjoint else cores
+    inst = tuple(tuple(pool[(i * cores_per_instance + j) % len(pool)] for j in range(cores_per_instance))
+                 for i in range(num_instances))
+    trainer = tuple(cores[rollout:]) if disjoint else tuple(cores)
+    return CpuPlacement(inst, trainer, disjoint, colocated)
+
+
+def confine_to_devices(kind: DeviceKind, devices: list[int]) -> None:
+    """Run this process (and what it starts) on `devices` only where a device is a core (CPU): how a
+    measurement of one instance matches the instances of a run, each on its own cores."""
+    if kind == "cpu":
+        pin_process(devices)
+
+
+def pin_process(cores: list[int] | tuple[int, ...]) -> None:
+    """Restrict every thread of this process (and the processes it starts later) to `cores`."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            continue
 
 
 def available_devices(kind: DeviceKind) -> int:

@@ -47,7 +47,7 @@ class Trajectory:
     instance: int = -1
     epoch: int = 0
     t_submitted: float = 0.0
-    t_first_token: float = 0.0
+    t_first_token: float = 0.0  # 0.0 = not measured (only streamed requests see their first token)
     t_finished: float = 0.0
     policy_version_last: int = -1  # version of its last token (> policy_version after an in-flight refresh)
 

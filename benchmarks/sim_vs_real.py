@@ -294,9 +294,11 @@ def compare_run(
         if sw is not None:
             cost["to_train_s"], cost["to_infer_s"] = sw[0], sw[1]
             sources["to_train_s"] = sources["to_infer_s"] = f"run events.json ({sw[2]} windows)"
-    if not sim_padding and SIM_SPECS[sim_mode].trainer_padded:
+    dynamic_bsz = bool((raw.get("actor_config") or {}).get("use_dynamic_bsz", False))
+    if (not sim_padding or dynamic_bsz) and SIM_SPECS[sim_mode].trainer_padded:
         cost["micro_batch_size"] = 1  # no data-order padding on top of the measured per-token cost
-        notes.append("--no-sim-padding: the padded trainer simulated with micro_batch_size 1")
+        notes.append("the padded trainer simulated with micro_batch_size 1 ("
+                     + ("the run's trainer used use_dynamic_bsz)" if dynamic_bsz else "--no-sim-padding)"))
     preset = preset_for_run(s, layout, str(calib), cost, base=base)
     t0 = time.perf_counter()
     res = simulate_layout(preset, workload, sim_mode, layout)

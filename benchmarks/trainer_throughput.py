@@ -42,7 +42,8 @@ def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int) -> Trai
 
 
 def measure(
-    model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int, threads: int
+    model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int, threads: int,
+    max_token_len: int = 0,
 ) -> dict:
     from asp_npu.config import Config
     from asp_npu.trainer.group import TrainerGroup
@@ -53,6 +54,7 @@ def measure(
     a = cfg.actor_config
     a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size = layout
     a.micro_batch_size = mbs
+    a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu = max_token_len > 0, max(1, max_token_len)
     a.num_threads = threads or max(1, (os.cpu_count() or 1) // (layout[0] * layout[1] * layout[2]))
     group = TrainerGroup(cfg, cpus_per_rank=0)
     try:
@@ -77,6 +79,8 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = cores / ranks)")
+    ap.add_argument("--max-token-len", type=int, default=0,
+                    help="use_dynamic_bsz with this ppo_max_token_len_per_gpu (0 = micro_batch_size)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for k, v in {
@@ -97,7 +101,8 @@ def main() -> int:
         runs: dict[str, list[dict]] = {"x".join(map(str, lay)): [] for lay in layouts}
         for r in range(args.runs):
             for lay in layouts:
-                res = measure(model, lay, batches, args.micro_batch_size, args.threads)  # type: ignore[arg-type]
+                res = measure(model, lay, batches, args.micro_batch_size, args.threads,  # type: ignore[arg-type]
+                              args.max_token_len)
                 runs["x".join(map(str, lay))].append(res)
                 if not args.json:
                     print(

@@ -39,7 +39,7 @@ from asp_npu.config import Config
 from asp_npu.errors import UserError
 from asp_npu.observe import metrics as M
 from asp_npu.pipeline import run_dir as rd
-from asp_npu.pipeline.modes import ModeSpec, max_lag, mode_spec, steps_per_version
+from asp_npu.pipeline.modes import ModeSpec, instance_count, max_lag, mode_spec, steps_per_version
 from asp_npu.pipeline.preflight import window_prompts
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
 from asp_npu.schedule.dispatch import StreamDispatcher
@@ -113,7 +113,7 @@ class Controller:
         rl = cfg.rl_config
         self.cfg, self.run_dir, self.kind, self.label = cfg, run, kind, label
         self.spec: ModeSpec = mode_spec(rl.mode, cfg.generate_config.admission)
-        self._place_trainer_threads()
+        self.placement = self._place()
         self.G = rl.n_samples_per_prompt
         self.M = rl.mini_batch_size
         self.mb_groups = self.M // self.G
@@ -124,7 +124,6 @@ class Controller:
         self.max_lag = max_lag(cfg, self.spec)
         # a colocated trainer refreshes idle engines; in flight only matters while sequences run
         self.drain = self.spec.colocated or rl.weight_refresh_mode == "drain"
-        self.K = cfg.generate_config.num_instances
         self.slots = cfg.generate_config.max_num_seqs
         self.prompts = prompts
         self.windows: dict[int, Window] = {}
@@ -175,19 +174,29 @@ class Controller:
         self.auto_plan = not self.spec.colocated  # async modes plan the next window when work runs dry
 
     # ------------------------------------------------------------------ lifecycle
-    def _place_trainer_threads(self) -> None:
-        """CPU placement: a colocated trainer gets every core while the engines sleep; a disaggregated
-        one gets the cores the instances leave (at least one), so engines and trainer do not fight
-        over the same cores with oversubscribed OpenMP threads. An explicit num_threads wins."""
-        act, gen = self.cfg.actor_config, self.cfg.generate_config
-        if self.kind != "cpu" or act.num_threads:
-            return
-        from asp_npu.device import available_devices
+    def _place(self) -> Any:
+        """Instances and CPU placement (`device.cpu_placement`): an asynchronous mode whose instances and
+        trainer fit in the cores gets disjoint, pinned cores (the CPU form of a disaggregated cluster);
+        otherwise the cores are shared. The trainer ranks get the placement's cores unless
+        actor_config.cpu_cores / num_threads say otherwise. None on accelerators."""
+        from asp_npu.device import available_devices, cpu_placement
 
-        cores = available_devices("cpu")
+        act, gen = self.cfg.actor_config, self.cfg.generate_config
+        per_node = self.cfg.trainer.n_devices_per_node or available_devices(self.kind)  # type: ignore[arg-type]
+        devices = per_node * max(1, self.cfg.trainer.nnodes)
+        self.K = instance_count(self.cfg, self.spec, devices)
+        if self.kind != "cpu":
+            return None
         world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
-        free = cores if self.spec.colocated else cores - gen.num_instances * gen.infer_tensor_parallel_size
-        act.num_threads = max(1, free // world)
+        cores = sorted(os.sched_getaffinity(0))[:devices]
+        placement = cpu_placement(cores, self.K, gen.infer_tensor_parallel_size, world, self.spec.colocated)
+        if not act.cpu_cores and placement.disjoint:
+            act.cpu_cores = ",".join(str(c) for c in placement.trainer_cores)
+        if not act.num_threads:  # a shared asynchronous trainer gets the cores the instances leave
+            free = len(placement.trainer_cores) if placement.disjoint or self.spec.colocated \
+                else len(cores) - self.K * gen.infer_tensor_parallel_size
+            act.num_threads = max(1, free // world)
+        return placement
 
     def _make_predictor(self) -> Any:
         from asp_npu.predict.factory import make_predictor
@@ -198,7 +207,7 @@ class Controller:
         """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
         import ray
 
-        from asp_npu.device import loopback_env, rollout_niceness
+        from asp_npu.device import loopback_env
         from asp_npu.pipeline.queue_actor import make_queue_actor
         from asp_npu.rollout.engine import EngineSettings, SamplingSettings
         from asp_npu.rollout.instance import launch_instances
@@ -231,7 +240,8 @@ class Controller:
                                           kv_cache_gib=gen.kv_cache_gib,
                                           devices_per_instance=gen.infer_tensor_parallel_size,
                                           sink=self.queue, admission=self.spec.admission, keep_polled=False,
-                                          nice=rollout_niceness(self.kind, not self.spec.colocated))
+                                          nice=self.placement.rollout_nice if self.placement else 0,
+                                          placement=self.placement)
         self.trainer = TrainerGroup(cfg)
         self._warm_up()
         self._resume()
@@ -728,6 +738,13 @@ class Controller:
             "mode": self.spec.name,
             "label": self.label,
             "max_lag": self.max_lag,
+            "instances": self.K,
+            "placement": None if self.placement is None else {
+                "disjoint": self.placement.disjoint,
+                "instance_cores": [list(c) for c in self.placement.instance_cores],
+                "trainer_cores": [int(c) for c in self.cfg.actor_config.cpu_cores.split(",")]
+                if self.cfg.actor_config.cpu_cores else list(self.placement.trainer_cores),
+            },
             "steps": self.step,
             "iterations": len(self.iterations),
             "samples": len(self.samples_rows),

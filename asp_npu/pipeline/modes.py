@@ -74,6 +74,19 @@ def mode_spec(name: str, admission: str | None = None) -> ModeSpec:
     return spec
 
 
+def instance_count(cfg: Config, spec: ModeSpec, devices: int) -> int:
+    """Rollout instances of a run on `devices` devices in all (CPU: cores).
+
+    A colocated mode generates on every device, one instance per `infer_tensor_parallel_size` of them,
+    as MindSpeed-RL's integrated worker and verl's hybrid engine do (the baseline gets all devices for
+    rollout); an asynchronous mode runs `generate_config.num_instances` on its rollout devices.
+    """
+    gen = cfg.generate_config
+    if spec.colocated:
+        return max(gen.num_instances, devices // gen.infer_tensor_parallel_size)
+    return gen.num_instances
+
+
 def steps_per_version(cfg: Config, spec: ModeSpec, window_groups: int) -> int:
     """Trainer steps between two weight refreshes (= trainer steps per lag-ledger version)."""
     mb_groups = cfg.rl_config.mini_batch_size // cfg.rl_config.n_samples_per_prompt

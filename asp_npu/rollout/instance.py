@@ -108,14 +108,17 @@ class RolloutInstance:
 
     async def start(self) -> dict[str, Any]:
         """Build the engine (in this process, with this instance's env) and start the unit runner."""
-        from asp_npu.device import ROLLOUT_NICE_ENV
+        from asp_npu.device import PIN_CORES_ENV, ROLLOUT_NICE_ENV, pin_process
         from asp_npu.rollout.vllm_engine import VLLMEngine
 
         t0 = time.time()
         os.environ.update(self.env)
+        # before the engine starts: its EngineCore and worker processes inherit priority and cores
         nice = int(self.env.get(ROLLOUT_NICE_ENV, "0"))
         if nice:
-            os.nice(nice)  # before the engine starts: its EngineCore and worker processes inherit it
+            os.nice(nice)
+        if self.env.get(PIN_CORES_ENV):
+            pin_process([int(c) for c in self.env[PIN_CORES_ENV].split(",")])
         self.attach_engine(VLLMEngine(self.settings, self.env))
         return {
             "instance": self.instance_id,
@@ -371,19 +374,22 @@ def instance_devices(index: int, devices_per_instance: int, devices_per_node: in
 
 
 def instance_placement(
-    kind: str, index: int, devices_per_instance: int, devices_per_node: int, kv_cache_gib: float
+    kind: str, index: int, devices_per_instance: int, devices_per_node: int, kv_cache_gib: float,
+    devices: list[int] | tuple[int, ...] | None = None,
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Environment and Ray actor options that pin instance `index` to its own devices.
 
     CPU: `num_cpus` cores and `VLLM_CPU_OMP_THREADS_BIND`; NPU/CUDA: the device resource
     (`{"NPU": n}`) and the visible-devices variable. The device-specific parts come from
     `asp_npu.device`. Single-machine CPU runs also need `device.loopback_env()` in the driver's
-    environment before `ray.init` (actors inherit it).
+    environment before `ray.init` (actors inherit it). `devices` overrides the packed order (a CPU
+    placement's cores).
     """
     from asp_npu.device import rollout_env, spec
 
-    devices = instance_devices(index, devices_per_instance, devices_per_node)
-    env = rollout_env(kind, devices, kv_cache_gib)  # type: ignore[arg-type]
+    if devices is None:
+        devices = instance_devices(index, devices_per_instance, devices_per_node)
+    env = rollout_env(kind, list(devices), kv_cache_gib)  # type: ignore[arg-type]
     options: dict[str, Any] = {"runtime_env": {"env_vars": env}, "max_concurrency": 1000}
     resource = spec(kind).ray_resource  # type: ignore[arg-type]
     if resource is None:
@@ -407,25 +413,30 @@ def launch_instances(
     keep_polled: bool = True,
     start: bool = True,
     nice: int = 0,
+    placement: Any = None,
 ) -> list[Any]:
     """Create `num` RolloutInstance actors, each pinned to its own devices; Ray must be initialised.
 
     With `start`, the engines are built in parallel and this returns once all are ready (the
     first failure is raised as a UserError naming the instance; the others are shut down).
-    `nice` > 0 lowers the engines' CPU priority (`asp_npu.device.rollout_niceness`).
+    `nice` > 0 lowers the engines' CPU priority; a `device.CpuPlacement` gives each instance its
+    cores, and pins the instance's whole process tree to them when the placement is disjoint.
     """
     import ray
 
     from asp_npu.data.init_model import check_model_dir
-    from asp_npu.device import ROLLOUT_NICE_ENV, available_devices
+    from asp_npu.device import PIN_CORES_ENV, ROLLOUT_NICE_ENV, available_devices
 
     check_model_dir(settings.model_path)
     per_node = devices_per_node or available_devices(kind)  # type: ignore[arg-type]
     actors = []
     for i in range(num):
-        env, options = instance_placement(kind, i, devices_per_instance, per_node, kv_cache_gib)
+        cores = placement.instance_cores[i] if placement is not None else None
+        env, options = instance_placement(kind, i, devices_per_instance, per_node, kv_cache_gib, cores)
         if nice:
             env = {**env, ROLLOUT_NICE_ENV: str(nice)}
+        if placement is not None and placement.disjoint:
+            env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in cores)}
         actor_cls = ray.remote(RolloutInstance).options(**options)
         actors.append(actor_cls.remote(i, settings, sampling, env, sink, admission, keep_polled))
     if start:

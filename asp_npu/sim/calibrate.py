@@ -86,7 +86,8 @@ async def measure(
     for p in prefill_lens:
         ttft = []
         for _ in range(repeats):
-            (t,) = await engine.generate(_random_prompt(rng, p, lo, hi, "p"), SamplingSettings(max_tokens=1))
+            prompt = _random_prompt(rng, p, lo, hi, "p")
+            (t,) = await engine.generate(prompt, SamplingSettings(max_tokens=1, stream=True))
             ttft.append(t.t_first_token - t.t_submitted)
         prefill.append({"prompt_tokens": p, "ttft_s": statistics.median(ttft)})
     refresh = []
@@ -188,9 +189,10 @@ def calibrate_engine(
 
 
 def calibrate(cfg: Any, quick: bool = False, repeats: int = 2) -> dict[str, Any]:
-    """Build one engine from `cfg` (an asp_npu Config) on device 0, measure it, shut it down."""
+    """Build one engine from `cfg` (an asp_npu Config) on the first instance's devices (on CPU the
+    whole process is confined to them, as a run's instance is), measure it, shut it down."""
     from asp_npu.data.init_model import build_model_dir, check_model_dir
-    from asp_npu.device import detect, rollout_env
+    from asp_npu.device import confine_to_devices, detect, rollout_env
     from asp_npu.rollout.engine import EngineSettings, LoopThread
     from asp_npu.rollout.vllm_engine import VLLMEngine
 
@@ -213,7 +215,9 @@ def calibrate(cfg: Any, quick: bool = False, repeats: int = 2) -> dict[str, Any]
     try:
 
         async def build() -> VLLMEngine:
-            return VLLMEngine(settings, rollout_env(kind, [0], gen.kv_cache_gib))
+            devices = list(range(gen.infer_tensor_parallel_size))
+            confine_to_devices(kind, devices)  # the engine's processes inherit it
+            return VLLMEngine(settings, rollout_env(kind, devices, gen.kv_cache_gib))
 
         engine = loop.run(build())
         meta = {"device": kind, "dtype": cfg.model.dtype}

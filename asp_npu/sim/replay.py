@@ -294,17 +294,19 @@ def build_workload(
 def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
     """The simulator layout of the run's devices (on CPU, a device is a core).
 
-    Instances: `num_instances` x `infer_tp`. A colocated simulator mode trains on the instances'
-    devices. A disaggregated one gets the trainer the controller placed: `num_threads` per rank, or
-    (cores - rollout cores) // ranks, at least one core per rank (`Controller._place_trainer_threads`).
-    On CPU those trainer cores may be the engines' cores (oversubscribed); the simulator cannot model
-    that sharing, so it is only in the trainer cost when that cost is measured in the run itself.
+    Instances: `num_instances` x `infer_tp`; a colocated mode generates on every device
+    (`pipeline.modes.instance_count`) and trains on them. A disaggregated one gets the trainer the
+    controller placed (`Controller._place`): `num_threads` per rank, or (cores - rollout cores) //
+    ranks, at least one core per rank. When rollout and trainer do not fit in the cores they share
+    them (oversubscribed); the simulator cannot model that sharing, so it is only in the trainer cost
+    when that cost is measured in the run itself.
     """
     if sim_mode not in SIM_SPECS:
         raise UserError(f"unknown simulator mode '{sim_mode}'")
-    rollout = s.instances * s.infer_tp
     if SIM_SPECS[sim_mode].colocated:
-        return Layout(rollout, s.instances, s.infer_tp, rollout)
+        instances = max(s.instances, (s.devices_per_node or cores) // s.infer_tp)
+        return Layout(instances * s.infer_tp, instances, s.infer_tp, instances * s.infer_tp)
+    rollout = s.instances * s.infer_tp
     per_rank = s.trainer_threads or max(1, (cores - rollout) // max(1, s.trainer_world))
     trainer = s.trainer_world * per_rank
     return Layout(rollout + trainer, s.instances, s.infer_tp, trainer)

@@ -90,12 +90,31 @@ def shard_for_dp(samples: list[Sample], dp: int, dp_rank: int) -> list[Sample]:
     return mine
 
 
-def make_micro_batches(samples: list[Sample], micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+def micro_batch_bounds(lengths: list[int], micro_batch_size: int, max_token_len: int = 0) -> list[int]:
+    """End offsets of the micro-batches over samples sorted longest first: `micro_batch_size` each, or,
+    with `max_token_len` (verl's use_dynamic_bsz), as many as fit that many padded tokens (at least
+    one), so a long-tailed minibatch is not padded to its longest sample in every micro-batch."""
+    ends, start = [], 0
+    while start < len(lengths):
+        end = start + 1
+        while end < len(lengths) and (
+            (end + 1 - start) * lengths[start] <= max_token_len if max_token_len
+            else end - start < micro_batch_size
+        ):
+            end += 1
+        ends.append(end)
+        start = end
+    return ends
+
+
+def make_micro_batches(samples: list[Sample], micro_batch_size: int,
+                       max_token_len: int = 0) -> list[dict[str, torch.Tensor]]:
     """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak)."""
     out = []
     ordered = sorted(samples, key=lambda s: (-s.length, s.index))
-    for i in range(0, len(ordered), micro_batch_size):
-        chunk = ordered[i:i + micro_batch_size]
+    start = 0
+    for end in micro_batch_bounds([s.length for s in ordered], micro_batch_size, max_token_len):
+        chunk, start = ordered[start:end], end
         seq = max(s.length for s in chunk)
         b = len(chunk)
         ids = torch.zeros(b, seq, dtype=torch.long)
@@ -133,9 +152,13 @@ class TrainerWorker:
         self.dims = ModelDims.from_hf_dir(self.model_path)
         self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
                                    act.pipeline_model_parallel_size, act.data_parallel_size, world_size)
-        threads = act.num_threads or max(1, (os.cpu_count() or 1) // world_size)
-        torch.set_num_threads(threads)
         self.kind = device.detect(cfg.trainer.device)
+        cores = device.rank_cores([int(c) for c in act.cpu_cores.split(",")], rank, world_size) \
+            if act.cpu_cores and self.kind == "cpu" else []
+        if cores:
+            device.pin_process(cores)
+        threads = act.num_threads or len(cores) or max(1, (os.cpu_count() or 1) // world_size)
+        torch.set_num_threads(threads)
         device.prepare_megatron(self.kind)
         self.torch_device = device.bind_local_device(self.kind, local_rank)
         init_parallel(device.spec(self.kind).dist_backend, rank, self.layout, master_addr, master_port,
@@ -230,7 +253,9 @@ class TrainerWorker:
     def _my_micro_batches(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
         ps = self._ps()
         mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
-        mbs = make_micro_batches(mine, self.cfg.actor_config.micro_batch_size)
+        act = self.cfg.actor_config
+        mbs = make_micro_batches(mine, act.micro_batch_size,
+                                 act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
 
     def _forward_logprobs(self, model: Any, micro: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:

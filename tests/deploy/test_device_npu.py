@@ -113,7 +113,18 @@ def test_prepare_megatron_on_npu_imports_torch_npu_then_the_mindspeed_adaptor(mo
     assert not any(m == "megatron" or m.startswith("megatron.") for m in executed)
 
 
-def test_rollout_niceness_only_where_engines_share_cores_with_the_trainer() -> None:
-    assert device.rollout_niceness("cpu", shares_trainer_devices=True) > 0
-    assert device.rollout_niceness("cpu", shares_trainer_devices=False) == 0
-    assert device.rollout_niceness("npu", shares_trainer_devices=True) == 0
+def test_cpu_placement_is_disjoint_when_rollout_and_trainer_fit() -> None:
+    p = device.cpu_placement([0, 1], num_instances=1, cores_per_instance=1, trainer_world=1, colocated=False)
+    assert p.disjoint and p.instance_cores == ((0,),) and p.trainer_cores == (1,) and p.rollout_nice == 0
+    p = device.cpu_placement(list(range(8)), 2, 2, 2, colocated=False)
+    assert p.instance_cores == ((0, 1), (2, 3)) and p.trainer_cores == (4, 5, 6, 7)
+    assert [device.rank_cores(p.trainer_cores, r, 2) for r in range(2)] == [[4, 5], [6, 7]]
+
+
+def test_cpu_placement_shares_cores_when_they_do_not_fit_or_the_mode_is_colocated() -> None:
+    p = device.cpu_placement([0, 1], num_instances=2, cores_per_instance=1, trainer_world=1, colocated=False)
+    assert not p.disjoint and p.instance_cores == ((0,), (1,)) and p.trainer_cores == (0, 1)
+    assert p.rollout_nice > 0  # the trainer, the asynchronous critical path, is not starved
+    p = device.cpu_placement([0, 1], num_instances=2, cores_per_instance=1, trainer_world=1, colocated=True)
+    assert not p.disjoint and p.rollout_nice == 0  # alternating: nothing overlaps
+    assert device.rank_cores((0,), 1, 2) == [0]  # more ranks than cores: they share

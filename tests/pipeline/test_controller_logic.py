@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from asp_npu.observe.bubbles import account
 from asp_npu.pipeline.bench_cli import aggregate, table
 from asp_npu.pipeline.controller import window_stream
-from asp_npu.pipeline.modes import SPECS, mode_spec, steps_per_version
+from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec, steps_per_version
 from asp_npu.pipeline.queue_actor import QueueService
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log, instance_states
 from asp_npu.types import PromptItem, Trajectory
@@ -125,6 +125,17 @@ def test_mode_specs():
     assert mode_spec("asp", "unit").dispatch == "static" and mode_spec("asp", "unit").admission == "unit"
     assert mode_spec("async-fifo", "continuous").dispatch == "pull"
     assert mode_spec("mindspeed-sync", "unit").admission == "continuous"
+
+
+def test_colocated_modes_generate_on_every_device():
+    from asp_npu.config import Config
+
+    cfg = Config()
+    cfg.generate_config.num_instances, cfg.generate_config.infer_tensor_parallel_size = 1, 2
+    assert instance_count(cfg, mode_spec("mindspeed-sync"), devices=8) == 4  # 8 devices / infer TP 2
+    assert instance_count(cfg, mode_spec("asp"), devices=8) == 1  # asynchronous: as configured
+    cfg.generate_config.num_instances = 6
+    assert instance_count(cfg, mode_spec("mindspeed-sync"), devices=8) == 6  # never fewer than configured
 
 
 def test_bench_aggregate_and_table():

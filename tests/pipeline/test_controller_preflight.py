@@ -33,6 +33,7 @@ def test_good_config_passes(tmp_path):
         ("rl_config.global_batch_size=6", "not a whole number of minibatches of 16"),
         ("rl_config.predictor=oracle", "rl_config.predictor: 'oracle' cannot run online"),
         ("rl_config.mode=verl-sync", "rl_config.mode: 'verl-sync' runs only in the simulator"),
+        ("actor_config.cpu_cores=1-3", "actor_config.cpu_cores: '1-3' is not a comma-separated list"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, override, message):

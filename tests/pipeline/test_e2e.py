@@ -9,6 +9,7 @@ holds a non-empty report, metrics, TensorBoard events, timeline, event log and c
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def bench(tmp_path_factory):
     out = root / "bench.json"
     rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", "--modes", "asp,mindspeed-sync",
                    "--iterations", "2", "--out-dir", str(root / "runs"), "--json", str(out),
-                   f"model.path={model}", *OVERRIDES])
+                   f"model.path={model}", *OVERRIDES, "generate_config.num_instances=1"])
     assert rc == 0
     return json.loads(out.read_text()), root / "runs"
 
@@ -57,6 +58,13 @@ def test_run_invariants(bench, mode):
     samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
     # 2 iterations x 6 prompts x 4 samples, in 6 steps of 8
     assert summary["steps"] == 6 and len(samples) == 48
+    # the colocated baseline generates on every core; ASP's instance and trainer own disjoint cores
+    place, cores = summary["placement"], len(os.sched_getaffinity(0))
+    if mode == "mindspeed-sync":
+        assert summary["instances"] == cores and not place["disjoint"]
+    elif cores >= 2:
+        assert place["disjoint"] and summary["instances"] == 1
+        assert not {c for cs in place["instance_cores"] for c in cs} & set(place["trainer_cores"])
     max_lag = summary["max_lag"]
     assert max_lag == (1 if mode == "asp" else 0)
     for s in samples:
@@ -90,17 +98,19 @@ def test_report_redraws(bench, capsys):
 
 def test_resume_continues_from_the_checkpoint(bench):
     """`actor_config.load` = the asp run's final checkpoint (step 6): one more iteration, steps 7-9,
-    generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared."""
+    generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared.
+    It runs two instances (the bench ran one): on 2 cores they share the cores with the trainer."""
     _, runs = bench
     ckpt = runs / "asp_s1234" / rd.CHECKPOINTS / "final"
     out = runs / "asp_resumed"
     rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", f"model.path={runs.parent / 'tiny'}",
                    f"actor_config.load={ckpt}", "trainer.train_iters=3", f"trainer.run_dir={out}",
-                   "data.seed=1234", *OVERRIDES])
+                   "data.seed=1234", *OVERRIDES, "generate_config.num_instances=2"])
     assert rc == 0 and (ckpt / "latest.json").is_file()
     summary = json.loads((out / rd.SUMMARY).read_text())
     samples = [json.loads(line) for line in (out / rd.SAMPLES).read_text().splitlines()]
-    assert summary["steps"] == 9 and len(samples) == 24
+    assert summary["steps"] == 9 and len(samples) == 24 and summary["instances"] == 2
+    assert {s["instance"] for s in samples} == {0, 1}
     for s in samples:
         assert 6 <= s["trainer_step"] <= 8 and 6 <= s["weights_step"] <= s["trainer_step"], s
         assert 0 <= s["step"] - s["policy_version"] <= 1, s

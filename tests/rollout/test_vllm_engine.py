@@ -78,7 +78,13 @@ def test_generates_groups_with_all_fields(engine):
         assert t.finish_reason in ("stop", "length")
         assert t.finish_reason == "stop" or len(t.response_token_ids) == 24
         assert 0.0 <= t.reward <= 1.0 and t.policy_version == eng.policy_version
-        assert t.t_submitted <= t.t_first_token <= t.t_finished
+        assert t.t_submitted <= t.t_finished and t.t_first_token == 0.0  # not streamed: not measured
+    # streamed, the same seeds give the same samples, text (so reward) and logprobs, and a first-token time
+    streamed = loop.run(eng.generate(item, SamplingSettings(n=3, max_tokens=24, seed=7, stream=True)))
+    for t, s in zip(trajs, streamed, strict=True):
+        assert s.response_token_ids == t.response_token_ids and s.reward == t.reward
+        assert s.logprobs == pytest.approx(t.logprobs, abs=1e-5)
+        assert s.t_submitted <= s.t_first_token <= s.t_finished
     # three samples of a random model under different seeds do not all agree
     assert len({tuple(t.response_token_ids) for t in trajs}) > 1
     # the same seed reproduces the same sample

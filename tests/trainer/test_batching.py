@@ -34,6 +34,29 @@ def test_every_response_token_lands_once_on_some_rank(group_size, groups, dp, mb
     assert tokens == sum(r for _, r in lengths)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(1, 60)), min_size=1, max_size=40),
+       st.integers(8, 200))
+def test_dynamic_bsz_packs_every_sample_once_within_the_token_budget(lengths, budget):
+    samples, _ = batch_to_samples(_batch(lengths, 1), drop_equal_groups=False)
+    micro = make_micro_batches(samples, micro_batch_size=1, max_token_len=budget)
+    seen = [i for mb in micro for i in mb["index"].tolist()]
+    assert sorted(seen) == list(range(len(lengths)))
+    for mb in micro:
+        b, seq = mb["input_ids"].shape
+        assert b * seq <= budget or b == 1  # a sample longer than the budget goes alone
+    assert sum(int(mb["mask"].sum()) for mb in micro) == sum(r for _, r in lengths)
+
+
+def test_dynamic_bsz_does_not_pad_a_long_tailed_minibatch_to_its_longest_sample():
+    lengths = [(4, 96)] + [(4, 8)] * 15  # one straggler among short answers
+    samples, _ = batch_to_samples(_batch(lengths, 1), drop_equal_groups=False)
+    fixed = make_micro_batches(samples, micro_batch_size=16)
+    dynamic = make_micro_batches(samples, micro_batch_size=16, max_token_len=256)
+    assert [mb["input_ids"].shape[0] for mb in dynamic] == [2, 14]
+    assert sum(mb["input_ids"].numel() for mb in dynamic) * 4 < sum(mb["input_ids"].numel() for mb in fixed)
+
+
 def test_labels_are_the_next_token_on_response_positions():
     samples, _ = batch_to_samples(_batch([(3, 2)], 1), drop_equal_groups=False)
     mb = make_micro_batches(samples, 4)[0]
