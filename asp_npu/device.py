@@ -149,6 +149,16 @@ def cpu_placement(cores: list[int], num_instances: int, cores_per_instance: int,
     return CpuPlacement(inst, trainer, disjoint, colocated)
 
 
+def node_placement(kind: DeviceKind, devices: int, num_instances: int, devices_per_instance: int,
+                   trainer_world: int, colocated: bool) -> CpuPlacement | None:
+    """The CPU placement over this node's first `devices` usable cores; None on accelerators, where
+    Ray hands out the cards and a disaggregated mode's cards are disjoint by construction."""
+    if kind != "cpu":
+        return None
+    cores = sorted(os.sched_getaffinity(0))[:devices]
+    return cpu_placement(cores, num_instances, devices_per_instance, trainer_world, colocated)
+
+
 def confine_to_devices(kind: DeviceKind, devices: list[int]) -> None:
     """Run this process (and what it starts) on `devices` only where a device is a core (CPU): how a
     measurement of one instance matches the instances of a run, each on its own cores."""

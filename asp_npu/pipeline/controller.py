@@ -179,23 +179,21 @@ class Controller:
         trainer fit in the cores gets disjoint, pinned cores (the CPU form of a disaggregated cluster);
         otherwise the cores are shared. The trainer ranks get the placement's cores unless
         actor_config.cpu_cores / num_threads say otherwise. None on accelerators."""
-        from asp_npu.device import available_devices, cpu_placement
+        from asp_npu.device import available_devices, node_placement
 
         act, gen = self.cfg.actor_config, self.cfg.generate_config
         per_node = self.cfg.trainer.n_devices_per_node or available_devices(self.kind)  # type: ignore[arg-type]
-        devices = per_node * max(1, self.cfg.trainer.nnodes)
-        self.K = instance_count(self.cfg, self.spec, devices)
-        if self.kind != "cpu":
-            return None
+        self.K = instance_count(self.cfg, self.spec, per_node * max(1, self.cfg.trainer.nnodes))
         world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
-        cores = sorted(os.sched_getaffinity(0))[:devices]
-        placement = cpu_placement(cores, self.K, gen.infer_tensor_parallel_size, world, self.spec.colocated)
+        placement = node_placement(self.kind, per_node, self.K, gen.infer_tensor_parallel_size, world,  # type: ignore[arg-type]
+                                   self.spec.colocated)
+        if placement is None:
+            return None
         if not act.cpu_cores and placement.disjoint:
             act.cpu_cores = ",".join(str(c) for c in placement.trainer_cores)
         if not act.num_threads:  # a shared asynchronous trainer gets the cores the instances leave
-            free = len(placement.trainer_cores) if placement.disjoint or self.spec.colocated \
-                else len(cores) - self.K * gen.infer_tensor_parallel_size
-            act.num_threads = max(1, free // world)
+            busy = 0 if placement.disjoint or self.spec.colocated else self.K * gen.infer_tensor_parallel_size
+            act.num_threads = max(1, (len(placement.trainer_cores) - busy) // world)
         return placement
 
     def _make_predictor(self) -> Any:

@@ -128,3 +128,4 @@ def test_cpu_placement_shares_cores_when_they_do_not_fit_or_the_mode_is_colocate
     p = device.cpu_placement([0, 1], num_instances=2, cores_per_instance=1, trainer_world=1, colocated=True)
     assert not p.disjoint and p.rollout_nice == 0  # alternating: nothing overlaps
     assert device.rank_cores((0,), 1, 2) == [0]  # more ranks than cores: they share
+    assert device.node_placement("npu", 16, 4, 2, 8, colocated=False) is None  # Ray hands out the cards
