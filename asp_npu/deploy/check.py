@@ -45,7 +45,8 @@ def format_layout(cfg: Config, lay: Layout) -> str:
         )
     kind = "colocated: rollout and training take turns on the same NPUs" if lay.colocated else "disaggregated"
     lines.append(
-        f"mode:    {lay.mode} ({kind}); rollout {gen.num_instances} instances x infer TP"
+        f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // gen.infer_tensor_parallel_size} "
+        "instances x infer TP"
         f"{gen.infer_tensor_parallel_size} = {lay.rollout_npus} NPUs; "
         f"trainer TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
         f" x DP{act.data_parallel_size} = {lay.trainer_npus} NPUs; "

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from asp_npu.config import Config
+from asp_npu.pipeline.modes import instance_count
 
 GIB = 1024**3
 COLOCATED_MODES = ("mindspeed-sync", "verl-sync")  # rollout and training share every device in turn
@@ -235,7 +236,7 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
         act.data_parallel_size,
     )
     alloc = _Allocator(lay.nodes, lay.npus_per_node)
-    for i in range(gen.num_instances):
+    for i in range(lay.rollout_npus // itp):
         got = alloc.take(itp)
         if got is None:
             lay.problems.append(
@@ -502,7 +503,8 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
     """Place instances and trainer ranks on `nodes` x `npus_per_node` NPUs and list every problem."""
     gen, act = cfg.generate_config, cfg.actor_config
     colocated = cfg.rl_config.mode in COLOCATED_MODES
-    rollout = gen.num_instances * gen.infer_tensor_parallel_size
+    instances = instance_count(cfg, colocated, nodes * npus_per_node)
+    rollout = instances * gen.infer_tensor_parallel_size
     trainer = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
     lay = Layout(nodes, npus_per_node, card, cfg.rl_config.mode, colocated, rollout, trainer)
     if npus_per_node > card.npus_per_node:
@@ -513,7 +515,7 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
     if need > lay.total_npus:
         what = "max" if colocated else "sum"
         lay.problems.append(
-            f"cluster: the config needs {need} NPUs ({what} of rollout {gen.num_instances} instances x "
+            f"cluster: the config needs {need} NPUs ({what} of rollout {instances} instances x "
             f"infer TP{gen.infer_tensor_parallel_size} = {rollout} and trainer "
             f"TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size} x "
             f"DP{act.data_parallel_size} = {trainer}) but {nodes} node(s) x {npus_per_node} NPUs = "

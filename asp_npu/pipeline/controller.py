@@ -183,7 +183,7 @@ class Controller:
 
         act, gen = self.cfg.actor_config, self.cfg.generate_config
         per_node = self.cfg.trainer.n_devices_per_node or available_devices(self.kind)  # type: ignore[arg-type]
-        self.K = instance_count(self.cfg, self.spec, per_node * max(1, self.cfg.trainer.nnodes))
+        self.K = instance_count(self.cfg, self.spec.colocated, per_node * max(1, self.cfg.trainer.nnodes))
         world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
         placement = node_placement(self.kind, per_node, self.K, gen.infer_tensor_parallel_size, world,  # type: ignore[arg-type]
                                    self.spec.colocated)

@@ -74,7 +74,7 @@ def mode_spec(name: str, admission: str | None = None) -> ModeSpec:
     return spec
 
 
-def instance_count(cfg: Config, spec: ModeSpec, devices: int) -> int:
+def instance_count(cfg: Config, colocated: bool, devices: int) -> int:
     """Rollout instances of a run on `devices` devices in all (CPU: cores).
 
     A colocated mode generates on every device, one instance per `infer_tensor_parallel_size` of them,
@@ -82,7 +82,7 @@ def instance_count(cfg: Config, spec: ModeSpec, devices: int) -> int:
     rollout); an asynchronous mode runs `generate_config.num_instances` on its rollout devices.
     """
     gen = cfg.generate_config
-    if spec.colocated:
+    if colocated:
         return max(gen.num_instances, devices // gen.infer_tensor_parallel_size)
     return gen.num_instances
 

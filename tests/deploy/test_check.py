@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from asp_npu.cli import main as cli_main
 from asp_npu.config import load_config
 from asp_npu.deploy.layout import card_for, plan_layout, resolve_arch, trainer_memory
+from asp_npu.pipeline.modes import instance_count
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "npu"
 _BASE = load_config(str(CONFIGS / "qwen25_7b_a2_1node.yaml"), check=False)
@@ -189,7 +190,9 @@ def test_placement_never_splits_a_tp_group_or_reuses_an_npu(
     groups = [(i.node, i.npus) for i in lay.instances] + [(g.node, g.npus) for g in lay.trainer]
     for node, npus in groups:
         assert 0 <= node < nodes and all(0 <= d < per_node for d in npus)
-    placed_all = len(lay.instances) == instances and len(lay.trainer) == dp * pp
+    # a colocated mode generates on every NPU (one instance per infer TP group), as MindSpeed-RL does
+    placed_all = len(lay.instances) == instance_count(cfg, colocated, nodes * per_node) and \
+        len(lay.trainer) == dp * pp
     if not any(p.startswith(("cluster:", "placement:")) for p in lay.problems):
         assert placed_all
     roles = [

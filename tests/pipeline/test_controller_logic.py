@@ -132,10 +132,11 @@ def test_colocated_modes_generate_on_every_device():
 
     cfg = Config()
     cfg.generate_config.num_instances, cfg.generate_config.infer_tensor_parallel_size = 1, 2
-    assert instance_count(cfg, mode_spec("mindspeed-sync"), devices=8) == 4  # 8 devices / infer TP 2
-    assert instance_count(cfg, mode_spec("asp"), devices=8) == 1  # asynchronous: as configured
+    sync, asp = mode_spec("mindspeed-sync").colocated, mode_spec("asp").colocated
+    assert instance_count(cfg, sync, devices=8) == 4  # 8 devices / infer TP 2
+    assert instance_count(cfg, asp, devices=8) == 1  # asynchronous: as configured
     cfg.generate_config.num_instances = 6
-    assert instance_count(cfg, mode_spec("mindspeed-sync"), devices=8) == 6  # never fewer than configured
+    assert instance_count(cfg, sync, devices=8) == 6  # never fewer than configured
 
 
 def test_bench_aggregate_and_table():
