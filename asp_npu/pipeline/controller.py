@@ -238,7 +238,6 @@ class Controller:
                                           kv_cache_gib=gen.kv_cache_gib,
                                           devices_per_instance=gen.infer_tensor_parallel_size,
                                           sink=self.queue, admission=self.spec.admission, keep_polled=False,
-                                          nice=self.placement.rollout_nice if self.placement else 0,
                                           placement=self.placement)
         self.trainer = TrainerGroup(cfg)
         self._warm_up()

@@ -82,9 +82,12 @@ def instance_count(cfg: Config, colocated: bool, devices: int) -> int:
     rollout); an asynchronous mode runs `generate_config.num_instances` on its rollout devices.
     """
     gen = cfg.generate_config
-    if colocated:
-        return max(gen.num_instances, devices // gen.infer_tensor_parallel_size)
-    return gen.num_instances
+    return instances_on(gen.num_instances, gen.infer_tensor_parallel_size, colocated, devices)
+
+
+def instances_on(num_instances: int, infer_tp: int, colocated: bool, devices: int) -> int:
+    """`instance_count` from the numbers alone (what a run directory's config.yaml gives the replay)."""
+    return max(num_instances, devices // infer_tp) if colocated else num_instances
 
 
 def steps_per_version(cfg: Config, spec: ModeSpec, window_groups: int) -> int:

@@ -412,15 +412,14 @@ def launch_instances(
     admission: str = "unit",
     keep_polled: bool = True,
     start: bool = True,
-    nice: int = 0,
     placement: Any = None,
 ) -> list[Any]:
     """Create `num` RolloutInstance actors, each pinned to its own devices; Ray must be initialised.
 
     With `start`, the engines are built in parallel and this returns once all are ready (the
     first failure is raised as a UserError naming the instance; the others are shut down).
-    `nice` > 0 lowers the engines' CPU priority; a `device.CpuPlacement` gives each instance its
-    cores, and pins the instance's whole process tree to them when the placement is disjoint.
+    A `device.CpuPlacement` gives each instance its cores, pins the instance's whole process tree to
+    them when the placement is disjoint, and lowers the engines' priority where it says so.
     """
     import ray
 
@@ -433,8 +432,8 @@ def launch_instances(
     for i in range(num):
         cores = placement.instance_cores[i] if placement is not None else None
         env, options = instance_placement(kind, i, devices_per_instance, per_node, kv_cache_gib, cores)
-        if nice:
-            env = {**env, ROLLOUT_NICE_ENV: str(nice)}
+        if placement is not None and placement.rollout_nice:
+            env = {**env, ROLLOUT_NICE_ENV: str(placement.rollout_nice)}
         if placement is not None and placement.disjoint:
             env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in cores)}
         actor_cls = ray.remote(RolloutInstance).options(**options)

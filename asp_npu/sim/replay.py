@@ -29,6 +29,7 @@ import numpy as np
 
 from asp_npu import io
 from asp_npu.errors import UserError
+from asp_npu.pipeline.modes import instances_on
 from asp_npu.sim.modes import SPECS as SIM_SPECS
 from asp_npu.sim.modes import Layout
 from asp_npu.sim.preset import Preset, load_preset
@@ -304,7 +305,7 @@ def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
     if sim_mode not in SIM_SPECS:
         raise UserError(f"unknown simulator mode '{sim_mode}'")
     if SIM_SPECS[sim_mode].colocated:
-        instances = max(s.instances, (s.devices_per_node or cores) // s.infer_tp)
+        instances = instances_on(s.instances, s.infer_tp, True, s.devices_per_node or cores)
         return Layout(instances * s.infer_tp, instances, s.infer_tp, instances * s.infer_tp)
     rollout = s.instances * s.infer_tp
     per_rank = s.trainer_threads or max(1, (cores - rollout) // max(1, s.trainer_world))
