@@ -45,7 +45,8 @@ from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_ev
 from asp_npu.schedule.dispatch import StreamDispatcher
 from asp_npu.types import PromptItem, TrainBatch, Trajectory
 
-POLL_S = 0.01
+POLL_S = 0.01  # refresh polling while every instance is brought to new weights (short, rare)
+WAIT_S = 1.0  # longest block between events; the loop wakes at once on arrivals, refreshes, trainer steps
 
 
 @dataclass
@@ -147,6 +148,8 @@ class Controller:
         self.blob_ref: Any = None
         self.blob_version = 0
         self.arrivals_seen = 0
+        self._arrivals_ref: Any = None  # the controller's pending `wait_arrivals` call
+        self._wakes = 0
         self.step = 0
         self.samples_rows: list[dict[str, Any]] = []
         self.versions: list[tuple[float, int]] = []
@@ -613,6 +616,28 @@ class Controller:
             raise UserError(f"pipeline made no progress for {timeout:.0f}s (queue {state}); "
                             f"instance errors: {errors[:3] or 'none'}")
 
+    def _wait_events(self, timeout: float) -> list[dict[str, Any]]:
+        """Block until a group arrives, a weight refresh ends or the trainer wakes the queue (or
+        `timeout`); returns the new arrival rows. The control plane shares the cores with rollout and
+        training on CPU, so it sleeps between events rather than polling."""
+        import ray
+
+        if self._arrivals_ref is None:
+            self._arrivals_ref = self.queue.wait_arrivals.remote(self.arrivals_seen, timeout, self._wakes)
+        refreshing = [r[0] for r in self.refreshing if r is not None]
+        ready, _ = ray.wait([self._arrivals_ref, *refreshing], num_returns=1, timeout=timeout)
+        if self._arrivals_ref not in ready:
+            return []
+        got = ray.get(self._arrivals_ref)
+        self._arrivals_ref = None
+        self._wakes = got["wakes"]
+        rows = got["rows"]
+        if rows:
+            self.arrivals_seen += len(rows)
+            self._arrived_tokens_since += sum(int(r["tokens"]) for r in rows)
+            self.on_arrivals(rows)
+        return rows
+
     def _run_async(self) -> None:
         import ray
 
@@ -621,13 +646,17 @@ class Controller:
         waited_from = time.time()
         last_progress = time.time()
         while self.step < self.total_steps:
-            now = time.time()
-            self.dispatch(now)
-            rows = ray.get(self.queue.wait_arrivals.remote(self.arrivals_seen, POLL_S))
-            if rows:
-                self.arrivals_seen += len(rows)
-                self._arrived_tokens_since += sum(int(r["tokens"]) for r in rows)
-                self.on_arrivals(rows)
+            self.dispatch(time.time())
+            if train_future is None:
+                h = ray.get(self.queue.get_batch.remote(0.0))
+                if h is not None:
+                    handout = h
+                    batch = TrainBatch(h["trajectories"], self.G, self.step)
+                    refresh = (self.step + 1) % self.k == 0 and self.step + 1 < self.total_steps
+                    train_future = self._pool.submit(self._train, batch, refresh)
+                    train_future.add_done_callback(lambda _f: self.queue.wake.remote())
+                    continue  # the handout may have opened admission
+            if self._wait_events(WAIT_S):
                 last_progress = time.time()
             self.poll_refreshes()
             if train_future is not None and train_future.done():
@@ -642,13 +671,6 @@ class Controller:
                 self._maybe_save()
                 waited_from = time.time()
                 last_progress = waited_from
-            if train_future is None and self.step < self.total_steps:
-                h = ray.get(self.queue.get_batch.remote(0.0))
-                if h is not None:
-                    handout = h
-                    batch = TrainBatch(h["trajectories"], self.G, self.step)
-                    refresh = (self.step + 1) % self.k == 0 and self.step + 1 < self.total_steps
-                    train_future = self._pool.submit(self._train, batch, refresh)
             self._progress_guard(last_progress, self.cfg.trainer.stall_timeout_s)
 
     def _run_sync(self) -> None:
@@ -668,11 +690,8 @@ class Controller:
             last_progress = time.time()
             while got < expected:
                 self.dispatch(time.time())
-                rows = ray.get(self.queue.wait_arrivals.remote(self.arrivals_seen, POLL_S))
+                rows = self._wait_events(WAIT_S)
                 if rows:
-                    self.arrivals_seen += len(rows)
-                    self._arrived_tokens_since += sum(int(r["tokens"]) for r in rows)
-                    self.on_arrivals(rows)
                     got += len(rows)
                     last_progress = time.time()
                 self._progress_guard(last_progress, self.cfg.trainer.stall_timeout_s)

@@ -32,6 +32,7 @@ class QueueService:
         self.arrivals: list[dict[str, Any]] = []  # one row per put group, in arrival order
         self.handouts: list[dict[str, Any]] = []
         self._changed: asyncio.Event | None = None
+        self.wakes = 0
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:
@@ -39,7 +40,16 @@ class QueueService:
         return self._changed
 
     def _notify(self) -> None:
+        """Wake every waiter: set the current event and start a new one (nobody clears an event another
+        waiter still needs)."""
         self._event().set()
+        self._changed = asyncio.Event()
+
+    async def wake(self) -> int:
+        """Wake the controller's `wait_arrivals` (e.g. a trainer step finished); returns the wake count."""
+        self.wakes += 1
+        self._notify()
+        return self.wakes
 
     async def capacity(self, version: int) -> int:
         return self.queue.capacity(version)
@@ -94,23 +104,30 @@ class QueueService:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            ev = self._event()
-            ev.clear()
             try:
-                await asyncio.wait_for(ev.wait(), left)
+                await asyncio.wait_for(self._event().wait(), left)
             except TimeoutError:
                 return None
 
-    async def wait_arrivals(self, since: int, timeout: float) -> list[dict[str, Any]]:
-        """Arrivals after index `since`, waiting up to `timeout` seconds for at least one."""
-        if len(self.arrivals) <= since and timeout > 0:
-            ev = self._event()
-            ev.clear()
+    async def wait_arrivals(
+        self, since: int, timeout: float, wakes_seen: int | None = None
+    ) -> dict[str, Any]:
+        """Arrivals after index `since`, waiting up to `timeout` seconds for at least one, or for a
+        `wake()` after `wakes_seen`. Returns `{"rows": [...], "wakes": n}`; the controller blocks here
+        between events instead of polling."""
+        def due() -> bool:
+            return len(self.arrivals) > since or (wakes_seen is not None and self.wakes > wakes_seen)
+
+        deadline = time.monotonic() + timeout
+        while not due():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
-                await asyncio.wait_for(ev.wait(), timeout)
+                await asyncio.wait_for(self._event().wait(), left)
             except TimeoutError:
-                pass
-        return self.arrivals[since:]
+                break
+        return {"rows": self.arrivals[since:], "wakes": self.wakes}
 
     async def state(self) -> dict[str, Any]:
         q = self.queue

@@ -92,6 +92,7 @@ class RolloutInstance:
         self.prompts: dict[str, PromptItem] = {}
         self._queue: deque[tuple[UnitSpec, SamplingSettings]] = deque()
         self._queue_changed: asyncio.Event | None = None
+        self._slots_freed: asyncio.Event | None = None  # set whenever a group gives its slots back
         self._expected: dict[str, int] = {}
         self._partial: dict[str, list[Trajectory]] = {}
         self._ready: list[list[Trajectory]] = []
@@ -135,6 +136,7 @@ class RolloutInstance:
         """Use an already built engine (any `RolloutEngine`) and start the unit runner."""
         self.engine = engine
         self._queue_changed = asyncio.Event()
+        self._slots_freed = asyncio.Event()
         self._runner = asyncio.get_running_loop().create_task(self._run())
 
     async def worker_cpu_affinity(self) -> list[int]:
@@ -205,7 +207,7 @@ class RolloutInstance:
     # -- execution ---------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        assert self._queue_changed is not None
+        assert self._queue_changed is not None and self._slots_freed is not None
         while True:
             if not self._queue:
                 self._queue_changed.clear()
@@ -218,7 +220,8 @@ class RolloutInstance:
             else:
                 cap = self.settings.max_num_seqs
                 while self._running_units and self._slots_used + len(spec.samples) > cap:
-                    await asyncio.sleep(0.002)
+                    self._slots_freed.clear()  # no await between the check and the wait: no lost wake-up
+                    await self._slots_freed.wait()
             wait_admitting = getattr(self.engine, "wait_admitting", None)
             if wait_admitting is not None:  # no unit starts while paused or refreshing weights
                 await wait_admitting()
@@ -256,6 +259,8 @@ class RolloutInstance:
         finally:
             self._slots_used -= len(idxs)
             released = time.time()
+            if self._slots_freed is not None:
+                self._slots_freed.set()
         if trajs is None:
             return released
         for t in trajs:
