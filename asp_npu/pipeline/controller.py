@@ -244,6 +244,8 @@ class Controller:
                                           placement=self.placement)
         self.trainer = TrainerGroup(cfg)
         self._warm_up()
+        if any(p.prompt_token_ids is None for p in self.prompts):
+            self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         self._resume()
 
     def _resume(self) -> None:
