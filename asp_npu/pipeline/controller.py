@@ -135,7 +135,7 @@ class Controller:
         self.group_unit: dict[str, int] = {}
         self.pending: list[deque[int]] = [deque() for _ in range(self.K)]  # static dispatch
         self.pull: deque[int] = deque()  # pull and stream dispatch
-        self.dispatcher = StreamDispatcher(self.K)  # stream dispatch
+        self.dispatcher = StreamDispatcher(self.K, slice_groups=self.mb_groups * self.k)  # stream dispatch
         self.inflight_units: list[set[int]] = [set() for _ in range(self.K)]
         self.inst_version = [0] * self.K
         self.refreshing: list[Any] = [None] * self.K

@@ -18,11 +18,17 @@ slowest group of a version finishes -- and that group gates trainer step `versio
   last instance to ask from collecting every medium-long group.
 - *the admission window*: pending groups are offered one admission slice (a weights version's worth of
   groups) at a time, so every version's long groups are admitted in its opening burst.
+- *one instance*: there is no tail to spread, and longest-first would put a window's long groups
+  into the same admission bursts, i.e. the same minibatches: those then carry all the stragglers a
+  lag-bounded trainer waits for, and all the long sequences it trains on at once (measured on the
+  real pipeline, docs/BENCHMARKS.md issue 6, session 4). With `slice_groups` (groups admitted per
+  weights version) a single instance takes groups in `smooth_order`: each slice holds an even share
+  of long and short groups, longest first within the slice.
 
 API (stable)::
 
-    d = StreamDispatcher(num_instances)
-    d.add(group_ids, predicted_len)            # groups that may be dispatched (any hashable ids)
+    d = StreamDispatcher(num_instances, slice_groups=0)
+    d.add(group_ids, predicted_len)            # one window's groups (any hashable ids)
     j = d.choose(candidates, instance)          # index into `candidates` (pending group ids) to start on
                                                 # `instance` now; records the placement
     d.done(group_id)                            # the group finished (or was cancelled): free its load
@@ -34,23 +40,48 @@ API (stable)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
+
+
+def smooth_order(predicted: Sequence[float], slice_size: int) -> list[int]:
+    """Indices of `predicted` in an order whose consecutive slices of `slice_size` each hold an even
+    share of the long and the short items: the longest-first ranking is dealt over the slices in a
+    snake (1, 2, .., k, k, .., 1, ...), so slice sizes differ by at most one and every slice's
+    predicted total is within one item's length of any other's. Longest first within a slice."""
+    n = len(predicted)
+    k = max(1, math.ceil(n / max(1, slice_size)))
+    ranked = sorted(range(n), key=lambda i: (-predicted[i], i))
+    slices: list[list[int]] = [[] for _ in range(k)]
+    for r, i in enumerate(ranked):
+        rnd, pos = divmod(r, k)
+        slices[pos if rnd % 2 == 0 else k - 1 - pos].append(i)
+    return [i for sl in slices for i in sl]
 
 
 class StreamDispatcher:
     """Tail-spreading group dispatch for continuous-batching instances (see module docstring)."""
 
-    def __init__(self, num_instances: int) -> None:
+    def __init__(self, num_instances: int, slice_groups: int = 0) -> None:
         if num_instances < 1:
             raise ValueError(f"num_instances must be >= 1 (got {num_instances})")
+        if slice_groups < 0:
+            raise ValueError(f"slice_groups must be >= 0 (got {slice_groups})")
         self.load = [0.0] * num_instances
+        self.slice_groups = slice_groups
         self._pred: dict[Hashable, float] = {}
         self._where: dict[Hashable, tuple[int, float]] = {}
+        self._rank: dict[Hashable, int] = {}  # single instance: position in its window's smooth order
+        self._added = 0
 
     def add(self, group_ids: Sequence[Hashable], predicted_len: Sequence[float]) -> None:
-        """Register groups with their predicted response length (tokens per sample)."""
+        """Register one window's groups with their predicted response length (tokens per sample)."""
         for g, p in zip(group_ids, predicted_len, strict=True):
             self._pred[g] = float(p)
+        if len(self.load) == 1 and self.slice_groups > 0:
+            for pos, i in enumerate(smooth_order(predicted_len, self.slice_groups)):
+                self._rank[group_ids[i]] = self._added + pos
+            self._added += len(group_ids)
 
     def weight(self, group_id: Hashable) -> float:
         """Predicted KV token-steps per sample (`L^2 / 2`): what the group adds to an instance's decode."""
@@ -62,13 +93,16 @@ class StreamDispatcher:
 
         The least-loaded instance takes the longest candidate (LPT: the longest groups land on
         different instances); any other instance takes the longest candidate that keeps it within its
-        fair share of the in-flight plus pending load, and the shortest when none does.
+        fair share of the in-flight plus pending load, and the shortest when none does. A single
+        instance with `slice_groups` takes the candidate earliest in its window's `smooth_order`.
         """
         if not candidates:
             raise ValueError("no candidates to choose from")
         ws = [self.weight(g) for g in candidates]
         load = self.load
-        if load[instance] <= min(load):
+        if self._rank and all(g in self._rank for g in candidates):
+            j = min(range(len(candidates)), key=lambda k: self._rank[candidates[k]])
+        elif load[instance] <= min(load):
             j = max(range(len(ws)), key=lambda k: (ws[k], -k))
         else:
             room = (sum(load) + sum(ws)) / len(load) - load[instance]
@@ -95,3 +129,4 @@ class StreamDispatcher:
             i, w = placed
             self.load[i] -= w
         self._pred.pop(group_id, None)
+        self._rank.pop(group_id, None)

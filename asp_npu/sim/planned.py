@@ -42,7 +42,8 @@ class PlannedSource:
     ) -> None:
         self.w = workload
         self.stream = stream
-        self.dispatcher = StreamDispatcher(instances)
+        mb_groups = max(1, minibatch_samples // workload.group_size)
+        self.dispatcher = StreamDispatcher(instances, slice_groups=mb_groups)
         self.window = window
         self.instances = instances
         self.predictor_name = predictor

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asp_npu.schedule.dispatch import StreamDispatcher
+from asp_npu.schedule.dispatch import StreamDispatcher, smooth_order
 
 
 def test_longest_groups_land_on_distinct_instances() -> None:
@@ -40,11 +40,41 @@ def test_unplace_undoes_a_choice_but_keeps_the_prediction() -> None:
     assert d.choose(["a", "b"], 1) == 0 and d.load == [0.0, 50.0]
 
 
+@settings(max_examples=100, deadline=None)
+@given(lens=st.lists(st.integers(1, 20_000), min_size=1, max_size=80), size=st.integers(1, 12))
+def test_smooth_order_deals_long_and_short_evenly_over_slices(lens, size) -> None:
+    order = smooth_order(lens, size)
+    assert sorted(order) == list(range(len(lens)))
+    k = -(-len(lens) // size)
+    slices = [order[j * size:(j + 1) * size] for j in range(k)] if len(lens) % size == 0 else None
+    ranked = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
+    pos = {i: r for r, i in enumerate(ranked)}
+    if slices is not None:  # whole slices: each holds one of every k consecutive ranks
+        for t in range(0, len(lens), k):
+            top = set(ranked[t:t + k])
+            assert [len(top & set(sl)) for sl in slices] == [1] * k
+        for sl in slices:  # longest first within a slice
+            assert [pos[i] for i in sl] == sorted(pos[i] for i in sl)
+
+
+def test_single_instance_admits_mixed_slices_not_longest_first() -> None:
+    d = StreamDispatcher(1, slice_groups=2)
+    pending = ["s1", "l1", "s2", "l2"]
+    d.add(pending, [10.0, 190.0, 20.0, 180.0])
+    first_slice = [pending.pop(d.choose(pending, 0)) for _ in range(2)]
+    assert first_slice == ["l1", "s1"]  # the longest with the shortest (snake), not l1 + l2
+    lpt = StreamDispatcher(1)  # without slices: longest first
+    lpt.add(["s1", "l1"], [10.0, 190.0])
+    assert lpt.choose(["s1", "l1"], 0) == 1
+
+
 def test_bad_inputs() -> None:
     with pytest.raises(ValueError):
         StreamDispatcher(0)
     with pytest.raises(ValueError):
         StreamDispatcher(1).choose([], 0)
+    with pytest.raises(ValueError):
+        StreamDispatcher(1, slice_groups=-1)
 
 
 @settings(max_examples=50, deadline=None)
