@@ -47,8 +47,8 @@ from collections.abc import Hashable, Sequence
 def smooth_order(predicted: Sequence[float], slice_size: int) -> list[int]:
     """Indices of `predicted` in an order whose consecutive slices of `slice_size` each hold an even
     share of the long and the short items: the longest-first ranking is dealt over the slices in a
-    snake (1, 2, .., k, k, .., 1, ...), so slice sizes differ by at most one and every slice's
-    predicted total is within one item's length of any other's. Longest first within a slice."""
+    snake (1, 2, .., k, k, .., 1, ...), so every slice takes one of each k consecutive ranks and the
+    slice sizes differ by at most one. Longest first within a slice."""
     n = len(predicted)
     k = max(1, math.ceil(n / max(1, slice_size)))
     ranked = sorted(range(n), key=lambda i: (-predicted[i], i))
