@@ -102,6 +102,10 @@ class ActorConfig:
     sequence_parallel: bool = False
     recompute_granularity: str = ""  # "" | selective | full (activation recomputation)
 
+    def pinned_cores(self) -> list[int]:
+        """`cpu_cores` as core ids ([] = not pinned)."""
+        return [int(c) for c in self.cpu_cores.split(",")] if self.cpu_cores else []
+
 
 @dataclass
 class RLConfig:

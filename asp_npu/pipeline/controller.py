@@ -760,8 +760,7 @@ class Controller:
             "placement": None if self.placement is None else {
                 "disjoint": self.placement.disjoint,
                 "instance_cores": [list(c) for c in self.placement.instance_cores],
-                "trainer_cores": [int(c) for c in self.cfg.actor_config.cpu_cores.split(",")]
-                if self.cfg.actor_config.cpu_cores else list(self.placement.trainer_cores),
+                "trainer_cores": self.cfg.actor_config.pinned_cores() or list(self.placement.trainer_cores),
             },
             "steps": self.step,
             "iterations": len(self.iterations),

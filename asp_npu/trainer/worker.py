@@ -153,7 +153,7 @@ class TrainerWorker:
         self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
                                    act.pipeline_model_parallel_size, act.data_parallel_size, world_size)
         self.kind = device.detect(cfg.trainer.device)
-        cores = device.rank_cores([int(c) for c in act.cpu_cores.split(",")], rank, world_size) \
+        cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
             if act.cpu_cores and self.kind == "cpu" else []
         if cores:
             device.pin_process(cores)
