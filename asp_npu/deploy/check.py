@@ -38,11 +38,7 @@ def format_layout(cfg: Config, lay: Layout) -> str:
     ]
     if lay.arch is not None:
         a = lay.arch
-        lines.append(
-            f"model:   {a.params / 1e9:.2f}B params (hidden {a.hidden_size}, {a.num_layers} layers, "
-            f"{a.num_attention_heads} heads / {a.num_key_value_heads} kv, vocab {a.vocab_size}, ffn "
-            f"{a.intermediate_size}; from {lay.arch_source}), {cfg.model.dtype}"
-        )
+        lines.append(f"model:   {a.describe()} from {lay.arch_source}, {cfg.model.dtype}")
     kind = "colocated: rollout and training take turns on the same NPUs" if lay.colocated else "disaggregated"
     lines.append(
         f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // gen.infer_tensor_parallel_size} "
