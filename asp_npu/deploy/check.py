@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -124,6 +125,12 @@ def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout
     as_if_built.model.build_if_missing = True  # the model folder lives on the cluster, not necessarily here
     lay = plan_layout(cfg, nodes, npus_per_node, card)
     lay.problems = validate(as_if_built) + lay.problems
+    nz = os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0")
+    if nz != "0":
+        lay.problems.append(
+            f"VLLM_ASCEND_ENABLE_NZ={nz} in this environment: vllm-ascend's FRACTAL_NZ weight layout breaks "
+            "repeated weight refreshes; RL needs 0 (launch/env_npu.sh exports it)"
+        )
     if cfg.trainer.device == "cpu":
         lay.problems.append("trainer.device: 'cpu' -- this config does not run on NPUs")
     if not Path(cfg.model.path).exists():
