@@ -247,10 +247,10 @@ def instance_memory(cfg: Config, arch: Arch, card: Card, resident_gib: float | N
     est = MemoryEstimate(role, parts, card.memory_gib if colocated else budget / GIB, kv_tokens=tokens)
     est.notes.append(
         f"KV cache {tokens:,} tokens = {tokens // max(1, seq_len(cfg))} full-length sequences "
-        f"(max_num_seqs {gen.max_num_seqs}); experts over "
-        + (f"EP{iep}" if iep > 1 else f"TP{tp}")
+        f"(max_num_seqs {gen.max_num_seqs})"
+        + ((f"; experts over EP{iep}" if iep > 1 else f"; experts over TP{tp}") if arch.moe else "")
         + (
-            f"; rollout phase: trainer keeps {resident_gib:.1f} GiB (not offloaded) beside the engine's "
+            f"; rollout phase: the trainer keeps {resident_gib:.1f} GiB (not offloaded) beside the engine's "
             f"gpu_memory_utilization {gen.gpu_memory_utilization}"
             if colocated
             else ""
