@@ -552,9 +552,17 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             ):
                 tr.set(key, f"rl_config.{leaf}", value)
             elif key == "rl_config.mini_batch_size":
-                tr.set(key, "rl_config.mini_batch_size", int(value) * n)
+                prompts = int(value)
+                gbs = int(ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
+                if gbs and prompts > gbs:
+                    tr.notes.append(
+                        f"rl_config.mini_batch_size {prompts} > global_batch_size {gbs} prompts: one "
+                        f"iteration holds only {gbs}, so a minibatch is the whole iteration"
+                    )
+                    prompts = gbs
+                tr.set(key, "rl_config.mini_batch_size", prompts * n)
                 tr.notes.append(
-                    f"rl_config.mini_batch_size: {value} prompts (MindSpeed-RL) = {int(value) * n} "
+                    f"rl_config.mini_batch_size: {prompts} prompts (MindSpeed-RL) = {prompts * n} "
                     f"samples (asp-npu counts samples)"
                 )
             elif key == "rl_config.init_kl_coef":
