@@ -117,6 +117,7 @@ class _Allocator:
 
     def __init__(self, nodes: int, per_node: int) -> None:
         self.free = [list(range(per_node)) for _ in range(nodes)]
+        self.per_node = per_node
         self.node = 0
 
     def take(self, k: int) -> tuple[int, list[int]] | None:
@@ -129,9 +130,8 @@ class _Allocator:
 
     def take_nodes(self, n: int) -> tuple[int, list[int]] | None:
         """`n` consecutive whole free nodes (an expert-parallel instance larger than a node)."""
-        per = len(self.free[0]) if self.free else 0
         for start in range(self.node, len(self.free) - n + 1):
-            if all(len(self.free[j]) == per for j in range(start, start + n)):
+            if all(len(self.free[j]) == self.per_node for j in range(start, start + n)):
                 got = list(self.free[start])
                 for j in range(start, start + n):
                     self.free[j] = []

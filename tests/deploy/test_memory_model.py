@@ -268,3 +268,31 @@ def test_colocated_moe_fixture_fits_with_offload(tmp_path: Path, capsys: pytest.
     off.actor_config.offload_train_grad = False  # beside the engine's 0.6 x 64 GiB: over 64
     lay = plan_layout(off, 1, 16, A3)
     assert any("in the rollout phase the trainer keeps" in p for p in lay.problems)
+
+
+@given(
+    nodes=st.integers(1, 6),
+    per_node=st.sampled_from([8, 16]),
+    iep=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+    instances=st.integers(1, 8),
+    colocated=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_expert_parallel_instances_take_whole_blocks_without_reuse(
+    nodes: int, per_node: int, iep: int, instances: int, colocated: bool
+) -> None:
+    cfg = _cfg("qwen3_30b_a3b", tensor_model_parallel_size=4, data_parallel_size=1)
+    cfg.generate_config.infer_tensor_parallel_size = 1
+    cfg.generate_config.infer_expert_parallel_size = iep
+    cfg.generate_config.num_instances = instances
+    cfg.rl_config.mode = "mindspeed-sync" if colocated else "asp"
+    lay = plan_layout(cfg, nodes, per_node, A3 if per_node == 16 else card_for("910b"))
+    used = [
+        (node, d) for i in lay.instances for node in range(i.node, i.node + i.span_nodes) for d in i.npus
+    ]
+    assert len(used) == len(set(used))
+    for i in lay.instances:
+        assert len(i.npus) * i.span_nodes == iep
+        assert i.span_nodes == 1 or i.npus == list(range(per_node))
+    if not any(p.startswith(("cluster:", "placement:")) for p in lay.problems):
+        assert len(lay.instances) * iep == lay.rollout_npus
