@@ -36,7 +36,9 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     wb = 4 if cfg.model.dtype == "float32" else 2
     ref_params = 7.6e9  # the paper preset's model (Qwen2.5-7B)
     scale = a.active_params / ref_params  # compute per token follows the active (MoE: top-k) weights
-    weights_read = a.params * wb / itp / HBM_BYTES_PER_S
+    iep = gen.infer_expert_parallel_size
+    # a decode step reads each NPU's weights: dense / TP, routed experts / EP (/ TP without EP)
+    weights_read = (a.dense_params / itp + a.expert_params / (iep if iep > 1 else itp)) * wb / HBM_BYTES_PER_S
     base_weights_read = ref_params * 2 / base_itp / HBM_BYTES_PER_S
     c = base.cost
     cost = replace(
@@ -94,7 +96,12 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
         rls,
         cost,
         dict(base.sources),
-        [f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params, inference TP{itp}"],
+        [
+            f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params"
+            + (f" ({a.active_params / 1e9:.1f}B active)" if a.moe else "")
+            + f", inference TP{itp}"
+            + (f" x EP{iep}" if iep > 1 else "")
+        ],
         base.path,
     )
 
