@@ -15,6 +15,7 @@ from typing import Any
 from asp_npu.errors import ConfigError, UserError
 
 MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "verl-sync")
+COLOCATED_MODES = ("mindspeed-sync", "verl-sync")  # rollout and training share every device in turn
 
 
 @dataclass
@@ -29,6 +30,18 @@ class ModelArch:
     intermediate_size: int = 0
     max_position_embeddings: int = 0
     tie_word_embeddings: bool = False
+    model_type: str = ""  # HF model_type: qwen2 | qwen3 | qwen3_moe | llama | deepseek_v3 ("" = config.json)
+    head_dim: int = 0  # per-head channels (Megatron kv_channels); 0 = hidden_size / num_attention_heads
+    num_experts: int = 0  # MoE: routed experts per MoE layer (0 = dense)
+    moe_router_topk: int = 0  # MoE: experts per token
+    moe_ffn_hidden_size: int = 0  # MoE: one expert's FFN width
+    moe_shared_expert_intermediate_size: int = 0  # MoE: shared experts' FFN width (DeepSeek)
+    first_k_dense_replace: int = 0  # MoE: leading dense layers (DeepSeek)
+    q_lora_rank: int = 0  # MLA (DeepSeek-V3): query low-rank dim (0 = full-rank query)
+    kv_lora_rank: int = 0  # MLA: compressed KV dim (> 0 = multi-latent attention)
+    qk_head_dim: int = 0  # MLA: per-head q/k dim without RoPE (qk_nope_head_dim)
+    qk_pos_emb_head_dim: int = 0  # MLA: per-head RoPE dim (qk_rope_head_dim)
+    v_head_dim: int = 0  # MLA: per-head value dim
 
 
 @dataclass
@@ -74,6 +87,9 @@ class GenerateConfig:
     gpu_memory_utilization: float = 0.8  # NPU/CUDA
     enforce_eager: bool = True
     max_model_len: int = 0  # prompt + response tokens per sequence; 0 = max_prompt_length + max_tokens
+    infer_expert_parallel_size: int = 1  # MoE on NPU: an instance shards experts over this many NPUs
+    #                                      (vLLM enable_expert_parallel: TP x DP ranks; 1 = experts TP-split)
+    weight_nz_mode: int = 0  # vllm-ascend FRACTAL_NZ weight layout; RL needs 0 (NZ breaks weight reloads)
     admission: str = "continuous"  # pipeline: a unit starts when its samples fit in free slots | "unit"
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -98,9 +114,16 @@ class ActorConfig:
     num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
     cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned;
     #                      the pipeline fills it from its placement)
-    use_distributed_optimizer: bool = False  # shard optimizer state over DP (Megatron)
-    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False  # shard optimizer state (and fp32 master weights) over DP
+    sequence_parallel: bool = False  # split norms/dropout activations over TP ranks (needs TP > 1)
     recompute_granularity: str = ""  # "" | selective | full (activation recomputation)
+    recompute_method: str = ""  # full recompute: uniform | block ("" = uniform)
+    recompute_num_layers: int = 1  # full: layers per recompute chunk (uniform) or recomputed layers (block)
+    # colocated modes: move these to host memory while the engines generate, back before the update
+    offload_train_optimizer: bool = False
+    offload_train_grad: bool = False
+    offload_train_param: bool = False
+    expert_model_parallel_size: int = 1  # MoE: experts sharded over this many ranks (divides DP)
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -215,6 +238,8 @@ def validate(cfg: Config) -> list[str]:
                         f"(got {act.ppo_max_token_len_per_gpu})")
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
+    problems += _trainer_feature_problems(act, rl.mode)
+    problems += _npu_rollout_problems(gen)
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
@@ -225,6 +250,49 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
+    return problems
+
+
+def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
+    """Sequence parallel, recomputation and offload settings megatron-core cannot run as given."""
+    problems: list[str] = []
+    if act.sequence_parallel and act.tensor_model_parallel_size < 2:
+        problems.append("actor_config.sequence_parallel: needs tensor_model_parallel_size > 1 "
+                        f"(got {act.tensor_model_parallel_size}); set it false")
+    if act.recompute_granularity not in ("", "selective", "full"):
+        problems.append(f"actor_config.recompute_granularity: '{act.recompute_granularity}' is not "
+                        "selective|full (or empty)")
+    if act.recompute_method not in ("", "uniform", "block"):
+        problems.append(f"actor_config.recompute_method: '{act.recompute_method}' is not uniform|block")
+    elif act.recompute_method and act.recompute_granularity != "full":
+        problems.append("actor_config.recompute_method: only applies with recompute_granularity=full")
+    if act.recompute_granularity == "full" and act.recompute_num_layers < 1:
+        problems.append(f"actor_config.recompute_num_layers: must be >= 1 (got {act.recompute_num_layers})")
+    offload = [k for k in ("offload_train_optimizer", "offload_train_grad", "offload_train_param")
+               if getattr(act, k)]
+    if offload and mode not in COLOCATED_MODES:
+        problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
+                        f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
+    if act.expert_model_parallel_size < 1:
+        problems.append(f"actor_config.expert_model_parallel_size: must be >= 1 "
+                        f"(got {act.expert_model_parallel_size})")
+    elif act.data_parallel_size % act.expert_model_parallel_size:
+        problems.append(f"actor_config.expert_model_parallel_size: EP{act.expert_model_parallel_size} must "
+                        f"divide data_parallel_size {act.data_parallel_size} (megatron's "
+                        "expert data-parallel groups)")
+    return problems
+
+
+def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:
+    """vllm-ascend settings an RL run cannot use."""
+    problems: list[str] = []
+    if gen.weight_nz_mode != 0:
+        problems.append(f"generate_config.weight_nz_mode: {gen.weight_nz_mode} turns on vllm-ascend's "
+                        "FRACTAL_NZ weight layout, which breaks repeated weight refreshes; RL needs 0")
+    iep, itp = gen.infer_expert_parallel_size, gen.infer_tensor_parallel_size
+    if iep < 1 or (iep > 1 and itp >= 1 and iep % itp):
+        problems.append(f"generate_config.infer_expert_parallel_size: {iep} must be 1 or a multiple of "
+                        f"infer_tensor_parallel_size {itp}")
     return problems
 
 

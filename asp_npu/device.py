@@ -100,6 +100,7 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
     env = {spec(kind).visible_devices_env: ",".join(str(d) for d in devices)}  # type: ignore[dict-item]
     if kind == "npu":
         env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"
+        env["VLLM_ASCEND_ENABLE_NZ"] = "0"  # FRACTAL_NZ weights break repeated refreshes (vllm-ascend)
     return env
 
 

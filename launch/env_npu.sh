@@ -31,6 +31,8 @@
 : "${CPU_AFFINITY_CONF:=1}"
 : "${RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES:=1}"  # our actors set ASCEND_RT_VISIBLE_DEVICES themselves
 : "${VLLM_USE_V1:=1}"
+: "${VLLM_ASCEND_ENABLE_NZ:=0}"         # vllm-ascend RL guide: the FRACTAL_NZ weight layout breaks repeated
+#                                         weight reloads (every refresh); RL runs need ND weights (0)
 : "${CUDA_DEVICE_MAX_CONNECTIONS:=1}"
 : "${RAY_DEDUP_LOGS:=0}"
 : "${JEMALLOC:=}"                      # e.g. /usr/lib/aarch64-linux-gnu/libjemalloc.so.2 (LD_PRELOADed when set)
@@ -95,13 +97,15 @@ detect_ip() {
 
 EXPORTED_VARS=(HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT HCCL_IF_BASE_PORT HCCL_BUFFSIZE HCCL_SOCKET_IFNAME
   GLOO_SOCKET_IFNAME TP_SOCKET_IFNAME PYTORCH_NPU_ALLOC_CONF TASK_QUEUE_ENABLE CPU_AFFINITY_CONF
-  RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES VLLM_USE_V1 CUDA_DEVICE_MAX_CONNECTIONS RAY_DEDUP_LOGS)
+  RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES VLLM_USE_V1 VLLM_ASCEND_ENABLE_NZ CUDA_DEVICE_MAX_CONNECTIONS
+  RAY_DEDUP_LOGS)
 
 # Source CANN (and ATB when present), check the driver, export the runtime environment.
 setup_npu_env() {
   local var
   [ "$NNODES" -ge 1 ] 2>/dev/null || die "NNODES must be a positive integer (got '$NNODES')"
   [ "$NPUS_PER_NODE" -ge 1 ] 2>/dev/null || die "NPUS_PER_NODE must be a positive integer (got '$NPUS_PER_NODE')"
+  [ "$VLLM_ASCEND_ENABLE_NZ" = "0" ] || die "VLLM_ASCEND_ENABLE_NZ=$VLLM_ASCEND_ENABLE_NZ: the FRACTAL_NZ weight layout breaks repeated weight refreshes; RL runs need VLLM_ASCEND_ENABLE_NZ=0 (unset it)"
   [ -n "$SOCKET_IFNAME" ] || die "cannot find the network interface of the default route: set SOCKET_IFNAME"
   [ -n "$NODE_IP" ] || die "cannot find this node's IPv4 address on '$SOCKET_IFNAME': set NODE_IP"
   if [ "$DRY_RUN" = "1" ]; then

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
 from asp_npu.cli import command_parser
 from asp_npu.config import Config, load_config, validate
 from asp_npu.deploy.layout import Layout, card_for, plan_layout
+from asp_npu.deploy.memory import instance_npus
 from asp_npu.errors import UserError
 
 
@@ -38,29 +40,27 @@ def format_layout(cfg: Config, lay: Layout) -> str:
     ]
     if lay.arch is not None:
         a = lay.arch
-        lines.append(
-            f"model:   {a.params / 1e9:.2f}B params (hidden {a.hidden_size}, {a.num_layers} layers, "
-            f"{a.num_attention_heads} heads / {a.num_key_value_heads} kv, vocab {a.vocab_size}, ffn "
-            f"{a.intermediate_size}; from {lay.arch_source}), {cfg.model.dtype}"
-        )
+        lines.append(f"model:   {a.describe()} from {lay.arch_source}, {cfg.model.dtype}")
     kind = "colocated: rollout and training take turns on the same NPUs" if lay.colocated else "disaggregated"
+    per_instance = instance_npus(cfg)
+    ep = f" x EP{gen.infer_expert_parallel_size}" if gen.infer_expert_parallel_size > 1 else ""
     lines.append(
-        f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // gen.infer_tensor_parallel_size} "
-        "instances x infer TP"
-        f"{gen.infer_tensor_parallel_size} = {lay.rollout_npus} NPUs; "
+        f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // per_instance} instances x "
+        f"{per_instance} NPUs (infer TP{gen.infer_tensor_parallel_size}{ep}) = {lay.rollout_npus} NPUs; "
         f"trainer TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
-        f" x DP{act.data_parallel_size} = {lay.trainer_npus} NPUs; "
-        f"{len(lay.idle)} idle"
+        f" x DP{act.data_parallel_size}"
+        + (f" (EP{act.expert_model_parallel_size})" if act.expert_model_parallel_size > 1 else "")
+        + f" = {lay.trainer_npus} NPUs; {len(lay.idle)} idle"
     )
     lines.append("")
     rows = [("node", "NPUs", "role", "placement")]
     for inst in lay.instances:
         rows.append(
             (
-                str(inst.node),
+                str(inst.node) if inst.span_nodes == 1 else f"{inst.node}-{inst.node + inst.span_nodes - 1}",
                 _ranges(inst.npus),
                 "rollout",
-                f"instance {inst.instance} (vLLM, TP{len(inst.npus)})",
+                f"instance {inst.instance} (vLLM, TP{gen.infer_tensor_parallel_size}{ep})",
             )
         )
     for g in lay.trainer:
@@ -80,6 +80,7 @@ def format_layout(cfg: Config, lay: Layout) -> str:
     lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
     if lay.memory:
         order = (
+            "trainer_resident",
             "weights",
             "gradients",
             "optimizer",
@@ -128,6 +129,12 @@ def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout
     as_if_built.model.build_if_missing = True  # the model folder lives on the cluster, not necessarily here
     lay = plan_layout(cfg, nodes, npus_per_node, card)
     lay.problems = validate(as_if_built) + lay.problems
+    nz = os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0")
+    if nz != "0":
+        lay.problems.append(
+            f"VLLM_ASCEND_ENABLE_NZ={nz} in this environment: vllm-ascend's FRACTAL_NZ weight layout breaks "
+            "repeated weight refreshes; RL needs 0 (launch/env_npu.sh exports it)"
+        )
     if cfg.trainer.device == "cpu":
         lay.problems.append("trainer.device: 'cpu' -- this config does not run on NPUs")
     if not Path(cfg.model.path).exists():

@@ -24,12 +24,6 @@ ITERATIONS = 8
 ASP_LAG_FOR_SYNC_CONFIGS = 2  # a synchronous (lag 0) config: ASP is estimated at the shipped configs' lag
 
 
-def _kv_bytes_per_token(lay: Layout, dtype_bytes: int) -> float:
-    a = lay.arch
-    assert a is not None
-    return 2 * a.num_layers * a.num_key_value_heads * a.head_dim * dtype_bytes
-
-
 def build_preset(cfg: Config, lay: Layout) -> Any:
     """A `asp_npu.sim.preset.Preset` for this config on this layout."""
     from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
@@ -41,14 +35,16 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     itp, base_itp = gen.infer_tensor_parallel_size, base.cluster.infer_tp
     wb = 4 if cfg.model.dtype == "float32" else 2
     ref_params = 7.6e9  # the paper preset's model (Qwen2.5-7B)
-    scale = a.params / ref_params
-    weights_read = a.params * wb / itp / HBM_BYTES_PER_S
+    scale = a.active_params / ref_params  # compute per token follows the active (MoE: top-k) weights
+    iep = gen.infer_expert_parallel_size
+    # a decode step reads each NPU's weights: dense / TP, routed experts / EP (/ TP without EP)
+    weights_read = (a.dense_params / itp + a.expert_params / (iep if iep > 1 else itp)) * wb / HBM_BYTES_PER_S
     base_weights_read = ref_params * 2 / base_itp / HBM_BYTES_PER_S
     c = base.cost
     cost = replace(
         c,
         decode_a=c.decode_a - base_weights_read + weights_read,
-        decode_c=_kv_bytes_per_token(lay, wb) / itp / HBM_BYTES_PER_S,
+        decode_c=a.kv_bytes_per_token(wb, 1) / itp / HBM_BYTES_PER_S,
         prefill_s_per_token=c.prefill_s_per_token * scale * base_itp / itp,
         train_s_per_token=c.train_s_per_token * scale,
         train_dp_devices=act.tensor_model_parallel_size * act.pipeline_model_parallel_size,
@@ -100,7 +96,12 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
         rls,
         cost,
         dict(base.sources),
-        [f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params, inference TP{itp}"],
+        [
+            f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params"
+            + (f" ({a.active_params / 1e9:.1f}B active)" if a.moe else "")
+            + f", inference TP{itp}"
+            + (f" x EP{iep}" if iep > 1 else "")
+        ],
         base.path,
     )
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.cli import command_parser
-from asp_npu.config import MODES, Config, load_config
-from asp_npu.deploy.layout import COLOCATED_MODES, card_for, plan_layout
+from asp_npu.config import MODES, Config, load_config, validate
+from asp_npu.deploy.layout import COLOCATED_MODES, Card, card_for, plan_layout
+from asp_npu.deploy.memory import instance_npus
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write, check_writable
 
@@ -46,6 +47,93 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
         max_position_embeddings=32768,
         tie_word_embeddings=False,
     ),
+    "qwen3_8b": dict(
+        model_type="qwen3",
+        hidden_size=4096,
+        num_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        intermediate_size=12288,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_32b": dict(
+        model_type="qwen3",
+        hidden_size=5120,
+        num_layers=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        intermediate_size=25600,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_30b_a3b": dict(
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        num_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        intermediate_size=6144,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        num_experts=128,
+        moe_router_topk=8,
+        moe_ffn_hidden_size=768,
+    ),
+    "qwen3_235b_a22b": dict(
+        model_type="qwen3_moe",
+        hidden_size=4096,
+        num_layers=94,
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        intermediate_size=12288,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        num_experts=128,
+        moe_router_topk=8,
+        moe_ffn_hidden_size=1536,
+    ),
+    "deepseekv3_671b": dict(
+        model_type="deepseek_v3",
+        hidden_size=7168,
+        num_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        vocab_size=129280,
+        intermediate_size=18432,
+        max_position_embeddings=163840,
+        tie_word_embeddings=False,
+        num_experts=256,
+        moe_router_topk=8,
+        moe_ffn_hidden_size=2048,
+        moe_shared_expert_intermediate_size=2048,
+        first_k_dense_replace=3,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_head_dim=128,
+        qk_pos_emb_head_dim=64,
+        v_head_dim=128,
+    ),
+    "llama32_1b": dict(
+        model_type="llama",
+        hidden_size=2048,
+        num_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        intermediate_size=8192,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+    ),
 }
 
 _KERNEL = "MindSpeed kernel/feature switch: MindSpeed's adaptor applies its NPU kernels; no asp-npu key"
@@ -55,6 +143,16 @@ _SCHED = "MindSpeed-RL TransferDock/dispatch tuning: asp-npu's planner and Train
 _LR = "learning-rate schedule/Adam option: asp-npu uses a constant lr with default Adam betas"
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
+_UNEVEN = "uneven pipeline stages are not supported by the trainer: num_layers must divide by PP"
+_REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
+    "critic_config": "PPO with a critic (adv_estimator gae) is not supported: asp-npu trains with GRPO-style "
+    "group advantages; use a grpo_* or dapo_* config",
+    "rl_config.critic_resource": "PPO with a critic is not supported: asp-npu trains with group advantages",
+    "rl_config.multi_turn_enable": "multi-turn tool-calling rollouts are not supported: asp-npu generates "
+    "single-turn responses",
+    "megatron_training.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
+    "actor_config.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
+}
 
 # section -> key -> (our dotted key, converter) | reason string (could not map)
 _DIRECT = {
@@ -66,6 +164,9 @@ _DIRECT = {
     "use_distributed_optimizer": "actor_config.use_distributed_optimizer",
     "sequence_parallel": "actor_config.sequence_parallel",
     "recompute_granularity": "actor_config.recompute_granularity",
+    "recompute_method": "actor_config.recompute_method",
+    "recompute_num_layers": "actor_config.recompute_num_layers",
+    "expert_model_parallel_size": "actor_config.expert_model_parallel_size",
     "micro_batch_size": "actor_config.micro_batch_size",
     "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
     "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
@@ -144,7 +245,26 @@ _TRAINING_REASONS = {
     "no_load_rng": "resume semantics are asp-npu's own (trainer checkpoints hold the RNG)",
     "no_save_optim": "asp-npu checkpoints always hold the optimizer",
     "no_save_rng": "asp-npu checkpoints always hold the RNG",
-    "num_layer_list": "uneven pipeline stages are not supported: num_layers must divide by PP",
+    "num_layer_list": _UNEVEN,
+    "noop_layers": _UNEVEN + " (MindSpeed pads with no-op layers)",
+    "num_layers": "MindSpeed pads num_layers with noop_layers for uneven PP; asp-npu takes the model's own "
+    "layer count (" + _UNEVEN + ")",
+    "moe_tp_extend_ep": "MindSpeed splits experts over TP x EP; asp-npu uses megatron-core's expert tensor "
+    "parallelism (= TP): the same expert bytes per rank",
+    "gemm_gradient_accumulation_fusion": _KERNEL,
+    "moe_alltoall_overlap_comm": _KERNEL,
+    "shape_order": _KERNEL,
+    "use_fused_moe_token_permute_and_unpermute": _KERNEL,
+    "swap_optimizer": "MindSpeed's optimizer swap to host during forward/backward is not in asp-npu: "
+    "the optimizer state stays on the NPU while training (asp-npu check sizes it there)",
+    "initial_loss_scale": "loss scaling is for fp16; bf16 trains unscaled",
+    "use_rotary_position_embeddings": _HF,
+    "no_pad_to_seq_lengths": _DATA,
+    "attention_mask_type": "context parallelism is not supported by the asp-npu trainer",
+    "lora_ckpt_filter": "LoRA training is not supported",
+    "lora_alpha": "LoRA training is not supported",
+    "lora_fusion": "LoRA training is not supported",
+    "lora_target_modules": "LoRA training is not supported",
     "context_parallel_size": "context parallelism is not supported by the asp-npu trainer",
     "context_parallel_algo": "context parallelism is not supported by the asp-npu trainer",
 }
@@ -164,6 +284,8 @@ _RL_REASONS = {
             "shuffle_minibatch",
             "num_cpus_for_local_task",
             "use_remove_padding",
+            "actor_max_packing_token_size",
+            "use_dp_batch_balance",
         ),
         _SCHED,
     ),
@@ -181,24 +303,48 @@ _RL_REASONS = {
     "gamma": "GAE discount: GRPO group_norm advantages do not use it",
     "lam": "GAE lambda: GRPO group_norm advantages do not use it",
     "epochs": "asp-npu takes one optimizer pass over each minibatch",
-    **dict.fromkeys(("rule_reward", "verifier_function", "verifier_weight"), _REWARD),
+    **dict.fromkeys(
+        ("rule_reward", "verifier_function", "verifier_weight", "verifier_parallel", "verifier_timeout"),
+        _REWARD,
+    ),
+    **dict.fromkeys(
+        ("overlong_buffer_enable", "overlong_buffer", "overlong_buffer_penalty_factor"),
+        "DAPO overlong reward shaping is not in asp-npu: rewards come from the task's reward function only",
+    ),
+    **dict.fromkeys(
+        ("filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"),
+        "asp-npu's dynamic sampling (drop_equal_reward_groups) drops groups whose rewards are all equal",
+    ),
+    "token_level_loss": "asp-npu's policy loss is always token-level over the minibatch (DAPO)",
+    "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
+    "use_kl_in_reward": "the KL term is in the loss (kl_coef), never in the reward",
+    "cliprange_value": "value clipping needs a critic; PPO with a critic is not supported",
+    "async_engine": "multi-turn rollouts are not supported",
+    "rollout_max_tokens": "DAPO's overlong-buffer length; the response cap is sampling_config.max_tokens",
+    "max_packing_token_size": "actor_config.ppo_max_token_len_per_gpu holds the update's token budget",
     "partial_rollout_max_split": "partial rollout is not in asp-npu; the lag bound rl_config.max_lag governs "
     "staleness",
     "reference_resource": "the reference model shares the trainer's NPUs in asp-npu",
     "reward_resource": "reward models are not supported; rewards are rule-based",
-    "filter_groups_enable": "use rl_config.drop_equal_reward_groups for DAPO dynamic sampling",
 }
+_OFFLOAD = (
+    "only meaningful when rollout and training share NPUs (integrated worker): import with "
+    "--mode mindspeed-sync to keep it"
+)
 _GEN_REASONS = {
     "trust_remote_code": "asp-npu loads Qwen2/Llama-family HF folders without remote code",
-    "offload_train_optimizer": "only meaningful when rollout and training share NPUs (integrated worker)",
-    "offload_train_grad": "only meaningful when rollout and training share NPUs (integrated worker)",
-    "offload_train_param": "only meaningful when rollout and training share NPUs (integrated worker)",
+    "offload_train_optimizer": _OFFLOAD,
+    "offload_train_grad": _OFFLOAD,
+    "offload_train_param": _OFFLOAD,
     "enable_prefix_caching": "asp-npu always enables vLLM prefix caching (samples of a prompt share it)",
+    "torchair_graph": "vllm-ascend torchair graph mode: asp-npu runs graph or eager from enforce_eager",
+    "num_scheduler_steps": "vLLM V1 has no multi-step scheduling",
+    "seed": "asp-npu seeds sampling from actor_config.seed",
+
     "limit_mm_image_per_prompt": "multimodal models are not supported",
 }
 _IMPLIED_DEFAULTS = {  # MindSpeed-RL key -> value that equals asp-npu's fixed behaviour
     "generate_config.infer_pipeline_parallel_size": 1,
-    "generate_config.infer_expert_parallel_size": 1,
     "generate_config.sampling_config.top_k": -1,
     "generate_config.sampling_config.min_p": 0,
     "generate_config.sampling_config.detokenize": False,
@@ -217,6 +363,7 @@ class Translation:
         self.mapped: list[str] = []
         self.unmapped: list[tuple[str, str]] = []
         self.notes: list[str] = []
+        self.fits = True  # the chosen layout passes `asp-npu check`
 
     def set(self, src: str, dotted: str, value: Any) -> None:
         node = self.out
@@ -251,8 +398,18 @@ def _model_names(defaults: Any) -> list[str]:
     return names
 
 
+def _model_type(m: dict[str, Any], name: str) -> str:
+    if m.get("multi_latent_attention"):
+        return "deepseek_v3"
+    if m.get("num_experts"):
+        return "qwen3_moe"
+    if m.get("qk_layernorm"):
+        return "qwen3"
+    return "llama" if name.startswith("llama") else "qwen2"
+
+
 def _arch_from_mindspeed_model(path: Path, name: str) -> dict[str, Any] | None:
-    """configs/model/<name>.yaml (MindSpeed-RL layout) -> our model.arch keys."""
+    """configs/model/<name>.yaml (MindSpeed-RL layout, Megatron argument names) -> our model.arch keys."""
     from omegaconf import OmegaConf
 
     f = path / f"{name}.yaml"
@@ -263,18 +420,37 @@ def _arch_from_mindspeed_model(path: Path, name: str) -> dict[str, Any] | None:
     if not isinstance(m, dict) or "hidden_size" not in m:
         return None
     heads = int(m.get("num_attention_heads", 0))
-    return dict(
+    mt = _model_type(m, name)
+    arch: dict[str, Any] = dict(
+        model_type=mt,
         hidden_size=int(m["hidden_size"]),
         num_layers=int(m.get("num_layers", 0)),
         num_attention_heads=heads,
-        num_key_value_heads=int(m.get("num_query_groups", heads))
-        if m.get("group_query_attention")
-        else heads,
+        num_key_value_heads=int(m["num_query_groups"] if m.get("group_query_attention") else heads),
         vocab_size=int(m.get("padded_vocab_size", m.get("vocab_size", 0))),
         intermediate_size=int(m.get("ffn_hidden_size", 0)),
         max_position_embeddings=int(m.get("max_position_embeddings", 0)),
         tie_word_embeddings=not bool(m.get("untie_embeddings_and_output_weights", False)),
+        head_dim=int(m.get("kv_channels", 0)),
     )
+    if m.get("num_experts"):
+        arch.update(
+            num_experts=int(m["num_experts"]),
+            moe_router_topk=int(m.get("moe_router_topk", 0)),
+            moe_ffn_hidden_size=int(m.get("moe_ffn_hidden_size", 0)),
+            moe_shared_expert_intermediate_size=int(m.get("n_shared_experts", 0) or 0)
+            * int(m.get("moe_ffn_hidden_size", 0)),
+            first_k_dense_replace=int(m.get("first_k_dense_replace", 0) or 0),
+        )
+    if m.get("multi_latent_attention"):
+        arch.update(
+            q_lora_rank=int(m.get("q_lora_rank", 0) or 0),
+            kv_lora_rank=int(m.get("kv_lora_rank", 0)),
+            qk_head_dim=int(m.get("qk_head_dim", 0)),
+            qk_pos_emb_head_dim=int(m.get("qk_pos_emb_head_dim", 0)),
+            v_head_dim=int(m.get("v_head_dim", 0)),
+        )
+    return arch
 
 
 def card_from_name(filename: str) -> str | None:
@@ -283,9 +459,21 @@ def card_from_name(filename: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | None]:
+def _refusal(ms: dict[str, Any]) -> str | None:
+    """Why asp-npu cannot run this config at all (None = it can)."""
+    for key, why in _REFUSED.items():
+        top, _, leaf = key.partition(".")
+        body = ms.get(top)
+        if (not leaf and body) or (leaf and isinstance(body, dict) and body.get(leaf)):
+            return f"{key}: {why}"
+    return None
+
+
+def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int, str | None]:
     """Map every key; returns (actor_resource.num_npus or 0, model name)."""
     num_npus, model_name = 0, None
+    colocated = mode in COLOCATED_MODES
+    gen_in = ms.get("generate_config", {}) or {}
     n = int(ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
     sections = {
         "megatron_training": _TRAINING_REASONS,
@@ -338,6 +526,21 @@ def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | Non
                     tr.set(key, "model.dtype", "bfloat16" if leaf == "bf16" else "float16")
                 else:
                     tr.mapped.append(key)
+            elif top == "generate_config" and leaf.startswith("offload_train_") and colocated:
+                tr.set(key, f"actor_config.{leaf}", bool(value))
+            elif key == "generate_config.infer_expert_parallel_size":
+                iep = int(value) if gen_in.get("enable_expert_parallel", int(value) > 1) else 1
+                tr.set(key, "generate_config.infer_expert_parallel_size", iep)
+            elif key == "generate_config.enable_expert_parallel":
+                tr.mapped.append(key)  # with infer_expert_parallel_size above
+            elif key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
+                tr.set(key, "actor_config.ppo_max_token_len_per_gpu", int(value))
+            elif key == "rl_config.use_dynamic_bsz":
+                tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
+            elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
+                tr.set(key, key, float(value))
+            elif key == "rl_config.filter_groups_enable":
+                tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
             elif top == "rl_config" and leaf == "num_npus":
                 num_npus = int(value)
                 tr.mapped.append(key)
@@ -349,9 +552,17 @@ def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | Non
             ):
                 tr.set(key, f"rl_config.{leaf}", value)
             elif key == "rl_config.mini_batch_size":
-                tr.set(key, "rl_config.mini_batch_size", int(value) * n)
+                prompts = int(value)
+                gbs = int(ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
+                if gbs and prompts > gbs:
+                    tr.notes.append(
+                        f"rl_config.mini_batch_size {prompts} > global_batch_size {gbs} prompts: one "
+                        f"iteration holds only {gbs}, so a minibatch is the whole iteration"
+                    )
+                    prompts = gbs
+                tr.set(key, "rl_config.mini_batch_size", prompts * n)
                 tr.notes.append(
-                    f"rl_config.mini_batch_size: {value} prompts (MindSpeed-RL) = {int(value) * n} "
+                    f"rl_config.mini_batch_size: {prompts} prompts (MindSpeed-RL) = {prompts * n} "
                     f"samples (asp-npu counts samples)"
                 )
             elif key == "rl_config.init_kl_coef":
@@ -394,38 +605,52 @@ def _translate_keys(ms: dict[str, Any], tr: Translation) -> tuple[int, str | Non
     return num_npus, model_name
 
 
+def _passes(trial: Config, nodes: int, per_node: int, card: Card) -> bool:
+    """What `asp-npu check` would say (the model folder lives on the cluster, not here)."""
+    trial.model.build_if_missing = True
+    return not (validate(trial) or plan_layout(trial, nodes, per_node, card).problems)
+
+
 def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Translation) -> None:
-    """Split `total` NPUs between rollout instances and the trainer (or colocate them)."""
+    """Split `total` NPUs between rollout instances and the trainer (or colocate them); `tr.fits` says
+    whether the chosen layout passes `asp-npu check`."""
     act, gen = base.actor_config, base.generate_config
     tp, pp, itp = (
         act.tensor_model_parallel_size,
         act.pipeline_model_parallel_size,
         gen.infer_tensor_parallel_size,
     )
+    k = instance_npus(base)
     card = card_for(card_name)
     per_node = min(card.npus_per_node, total)
     nodes = math.ceil(total / per_node)
     if mode in COLOCATED_MODES:
-        choice = (max(1, total // itp), max(1, total // (tp * pp)))
+        choice = (max(1, total // k), max(1, total // (tp * pp)))
+        trial = copy.deepcopy(base)
+        trial.rl_config.mode = mode
+        trial.generate_config.num_instances, trial.actor_config.data_parallel_size = choice
+        tr.fits = _passes(trial, nodes, per_node, card)
     else:
         candidates = []
         for dp in range(1, total // (tp * pp) + 1):
-            instances = (total - tp * pp * dp) // itp
+            instances = (total - tp * pp * dp) // k
             if instances < 1:
                 break
             trial = copy.deepcopy(base)
+            trial.rl_config.mode = mode
             trial.actor_config.data_parallel_size = dp
             trial.generate_config.num_instances = instances
-            ok = not plan_layout(trial, nodes, per_node, card).problems
+            ok = _passes(trial, nodes, per_node, card)
             candidates.append((not ok, abs(tp * pp * dp - total / 2), -instances, instances, dp))
         if not candidates:
             raise UserError(
                 f"actor_resource.num_npus={total} cannot hold a trainer (TP{tp} x PP{pp}) plus one "
-                f"rollout instance (TP{itp}); use --mode mindspeed-sync or more NPUs"
+                f"rollout instance ({k} NPUs); use --mode mindspeed-sync or more NPUs"
             )
         candidates.sort()
         bad, _, _, instances, dp = candidates[0]
         choice = (instances, dp)
+        tr.fits = not bad
         if bad:
             tr.notes.append(
                 "no split of the NPUs passes `asp-npu check`; kept the most balanced one -- run the "
@@ -443,7 +668,7 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
     }
     tr.notes.append(
         f"layout: {total} NPUs ({nodes} x {per_node} {card.name}) -> {choice[0]} rollout instances x "
-        f"TP{itp} + trainer TP{tp} x PP{pp} x DP{choice[1]}"
+        f"{k} NPUs (TP{itp}) + trainer TP{tp} x PP{pp} x DP{choice[1]}"
         + (" (colocated)" if mode in COLOCATED_MODES else "")
     )
 
@@ -454,8 +679,11 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         raise UserError(
             f"{source}: not a MindSpeed-RL GRPO config (no actor_config / rl_config / generate_config)"
         )
+    refused = _refusal(ms)
+    if refused:
+        raise UserError(f"{source}: cannot import: {refused}")
     tr = Translation()
-    num_npus, model_name = _translate_keys(ms, tr)
+    num_npus, model_name = _translate_keys(ms, tr, mode)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = None
     for name in names:
@@ -490,7 +718,24 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     card_name = card or card_from_name(str(source)) or "910b"
     if num_npus:
         base = _as_config(tr.out)
-        _choose_layout(base, num_npus, card_name, mode, tr)
+        no_split: UserError | None = None
+        try:
+            _choose_layout(base, num_npus, card_name, mode, tr)
+        except UserError as exc:
+            no_split, tr.fits = exc, False
+        if not tr.fits and mode not in COLOCATED_MODES:
+            try:
+                colocated = translate(ms, source, card, "mindspeed-sync")
+            except UserError:
+                colocated = None
+            if colocated is not None and colocated.fits:
+                raise UserError(
+                    f"{source}: no split of its {num_npus} NPUs between rollout instances and the trainer "
+                    f"passes `asp-npu check` in mode {mode}; --mode mindspeed-sync fits (rollout and "
+                    "training take turns on every NPU, as MindSpeed-RL runs it)"
+                )
+            if no_split is not None:
+                raise no_split
     else:
         tr.notes.append("rl_config.actor_resource.num_npus missing: layout left at asp-npu defaults")
     return tr

@@ -105,3 +105,61 @@ def test_card_from_file_name() -> None:
     assert card_from_name("configs/grpo_qwen25_7b_A3.yaml") == "a3"
     assert card_from_name("grpo_qwen25_32b_A2_20k.yaml") == "a2"
     assert card_from_name("grpo_trainer_qwen25_7b.yaml") is None
+
+
+FIXTURES = FIXTURE.parent
+
+
+def test_ppo_with_a_critic_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o.yaml"
+    assert (
+        cli_main(
+            ["import-config", "mindspeed-rl", str(FIXTURES / "ppo_critic_demo_A2.yaml"), "--out", str(out)]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "critic_config: PPO with a critic" in err[0]
+    assert not out.exists()
+
+
+def test_split_that_cannot_fit_names_the_mode_that_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """16 A3 NPUs cannot hold a TP4 x DP2 (EP2) trainer beside an EP8 instance (each side alone); the
+    colocated layout MindSpeed-RL uses fits, and the refusal says so."""
+    src = FIXTURES / "dapo_moe_demo_A3.yaml"
+    out = tmp_path / "o.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--mode mindspeed-sync fits" in err[0]
+    assert (
+        cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode", "mindspeed-sync"])
+        == 0
+    )
+
+
+def test_every_key_is_mapped_or_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = FIXTURES / "dapo_moe_demo_A3.yaml"
+    out = tmp_path / "o.yaml"
+    assert (
+        cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode", "mindspeed-sync"])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    mapped = int(printed.split("mapped ")[1].split(" key")[0])
+    unmapped = int(printed.split("could not map ")[1].split()[0])
+    ms = OmegaConf.to_container(OmegaConf.load(src))
+    leaves = 0
+    for top, body in ms.items():
+        if top == "defaults":
+            continue
+        for value in body.values():
+            leaves += len(value) if isinstance(value, dict) else 1
+    assert mapped + unmapped == leaves
+    for key in (
+        "actor_config.moe_tp_extend_ep",
+        "megatron_training.moe_alltoall_overlap_comm",
+        "rl_config.token_level_loss",
+    ):
+        assert f"not mapped: {key}:" in printed

@@ -162,3 +162,18 @@ def test_missing_node_times_out_with_a_clear_message(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert "only 1 of 2 node(s) joined (8 of 16 NPUs)" in r.stderr and "ray_worker.sh" in r.stderr
     assert (tmp_path / "logs").is_dir()
+
+
+@pytest.mark.parametrize("script", ["ray_head.sh", "ray_worker.sh", "train_npu.sh"])
+def test_dry_run_exports_nz_off(script: str) -> None:
+    """vllm-ascend's RL guide: FRACTAL_NZ weights break repeated weight reloads, so every node runs ND."""
+    args = ("configs/npu/qwen25_7b_a2_1node.yaml",) if script == "train_npu.sh" else ()
+    r = sh(script, *args, env={**DRY, "NODE_IP": "10.0.0.1", "MASTER_ADDR": "10.0.0.1"})
+    assert r.returncode == 0, r.stderr
+    assert "export VLLM_ASCEND_ENABLE_NZ=0" in r.stdout.splitlines()
+
+
+def test_nz_on_is_refused_in_one_line() -> None:
+    r = sh("ray_head.sh", env={**DRY, "NODE_IP": "10.0.0.1", "VLLM_ASCEND_ENABLE_NZ": "1"})
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "VLLM_ASCEND_ENABLE_NZ=0" in r.stderr

@@ -1,0 +1,259 @@
+"""Per-NPU memory of each role, by component, as megatron-core and vLLM allocate it (GiB).
+
+Trainer (megatron-core DDP + `get_megatron_optimizer`, the numbers of megatron's distributed-optimizer
+docs): bf16 weights 2 bytes/param, fp32 main gradients 4 bytes/param (megatron accumulates bf16 grads
+in fp32), Adam state 12 bytes/param for 16-bit models (fp32 master copy + exp_avg + exp_avg_sq;
+8 for fp32 models), divided by the data-parallel size with `use_distributed_optimizer` -- per
+parameter 18 bytes plain, 6 + 12/DP distributed. Dense weights are split over TP, routed experts
+over EP x TP (expert tensor parallelism = TP, or MindSpeed's moe_tp_extend_ep: the same bytes), and
+expert optimizer state over the expert data-parallel group DP/EP.
+
+Activations follow Korthikanti et al. (2022) with flash attention (no s^2 score term, so selective
+recomputation of core attention stores the same bytes as none) for a SwiGLU MLP, per layer and
+micro-batch of T tokens: replicated 10h (two norm inputs, attention and MLP inputs, two dropout masks)
+plus TP-split Q/K/V/attention-output and MLP (6F; MoE: top-k x (2h + 6F_expert) for the permuted
+tokens + 6F_shared). Sequence parallelism divides the replicated part by TP too. Full recompute keeps
+each checkpointed layer's input (2Th) and rebuilds one chunk at a time: `uniform` checkpoints every
+`recompute_num_layers` layers; `block` recomputes the first `recompute_num_layers` layers of a stage
+and keeps the others whole. 1F1B holds min(PP - stage, micro-batches) micro-batches on a stage.
+
+MindSpeed-RL's `offload_train_optimizer/grad/param` (colocated modes) move those bytes to host memory
+while the engines generate: they still count while training, but leave room for the engine's
+`gpu_memory_utilization` share in the rollout phase; the engine sleeps while the trainer runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from asp_npu.config import Config
+from asp_npu.deploy.arch import Arch
+
+GIB = 1024**3
+RUNTIME_RESERVE_GIB = 3.0  # CANN/HCCL workspaces and buffers (HCCL_BUFFSIZE per comm group), allocator slack
+TRAINER_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "runtime")
+ROLLOUT_PARTS = ("trainer_resident", "weights", "workspace", "kv_cache", "runtime")
+
+
+@dataclass(frozen=True)
+class Card:
+    """One accelerator model as torch_npu sees it (an A3 chip shows up as two 64 GB devices)."""
+
+    name: str
+    memory_gib: float
+    npus_per_node: int
+    description: str
+
+
+@dataclass
+class MemoryEstimate:
+    role: str  # "trainer stage k" | "rollout instance" | "rollout phase ..."
+    parts: dict[str, float]  # GiB per NPU
+    budget_gib: float
+    kv_tokens: int = 0  # rollout: KV cache capacity in tokens per instance
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_gib(self) -> float:
+        return sum(self.parts.values())
+
+
+def bytes_per(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def seq_len(cfg: Config) -> int:
+    return cfg.generate_config.max_model_len or (
+        cfg.rl_config.max_prompt_length + cfg.generate_config.sampling_config.max_tokens
+    )
+
+
+def tokens_per_micro_batch(cfg: Config) -> int:
+    """Padded micro-batch: micro_batch_size x sequence length; dynamic batch: the token budget (a
+    sequence longer than the budget still forms a micro-batch of its own)."""
+    act = cfg.actor_config
+    if act.use_dynamic_bsz:
+        return max(act.ppo_max_token_len_per_gpu, seq_len(cfg))
+    return act.micro_batch_size * seq_len(cfg)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters held by one trainer rank of a pipeline stage."""
+
+    dense: float  # TP-split part (attention, dense MLP, norms, router, shared experts, embeddings)
+    experts: float  # EP x TP-split routed experts
+    layers: int
+    moe_layers: int
+
+
+def stage_params(cfg: Config, arch: Arch, stage: int) -> StageParams:
+    act = cfg.actor_config
+    tp, pp, ep = (
+        act.tensor_model_parallel_size,
+        act.pipeline_model_parallel_size,
+        act.expert_model_parallel_size,
+    )
+    layers = math.ceil(arch.num_layers / pp)
+    moe_layers = min(layers, math.ceil(arch.moe_layers / pp))
+    dense = layers * arch.layer_params
+    if stage == 0:
+        dense += arch.embedding_params
+    if stage == pp - 1:
+        dense += arch.embedding_params if (pp > 1 or not arch.tie_word_embeddings) else 0
+        dense += arch.hidden_size  # final norm
+    experts = moe_layers * arch.num_experts * 3 * arch.hidden_size * arch.moe_ffn_hidden_size
+    return StageParams(dense / tp, experts / (ep * tp), layers, moe_layers)
+
+
+def layer_activation_bytes(cfg: Config, arch: Arch, tokens: int, moe: bool) -> float:
+    """Bytes one layer keeps for backward, per micro-batch of `tokens` tokens on one TP rank."""
+    act = cfg.actor_config
+    tp = act.tensor_model_parallel_size
+    h, a, kv, hd = arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+    replicated = 10 * h
+    if arch.mla:
+        qk = arch.qk_head_dim + arch.qk_pos_emb_head_dim
+        split = 2 * (2 * a * qk + 2 * a * arch.v_head_dim)
+        replicated += 2 * (arch.q_lora_rank + arch.kv_lora_rank + arch.qk_pos_emb_head_dim)
+    else:
+        split = 2 * (2 * a * hd + 2 * kv * hd)
+    if moe:
+        split += arch.moe_router_topk * (2 * h + 6 * arch.moe_ffn_hidden_size)
+        split += 6 * arch.moe_shared_expert_intermediate_size
+    else:
+        split += 6 * arch.intermediate_size
+    if act.sequence_parallel and tp > 1:
+        return tokens * (replicated + split) / tp
+    return tokens * (replicated + split / tp)
+
+
+def stage_activation_bytes(cfg: Config, arch: Arch, sp: StageParams, in_flight: int) -> tuple[float, str]:
+    """Activations a stage holds at the 1F1B peak, and how they were counted."""
+    act = cfg.actor_config
+    tp = act.tensor_model_parallel_size
+    tokens = tokens_per_micro_batch(cfg)
+    dense_layers = sp.layers - sp.moe_layers
+    per_layer = (
+        dense_layers * layer_activation_bytes(cfg, arch, tokens, False)
+        + sp.moe_layers * layer_activation_bytes(cfg, arch, tokens, True)
+    ) / max(1, sp.layers)
+    if act.recompute_granularity != "full":
+        how = "no recompute" if not act.recompute_granularity else "selective (= none under flash attention)"
+        return in_flight * sp.layers * per_layer, how
+    ckpt = 2 * tokens * arch.hidden_size / (tp if act.sequence_parallel and tp > 1 else 1)
+    n = min(max(1, act.recompute_num_layers), sp.layers)
+    if act.recompute_method == "block":
+        kept = in_flight * (n * ckpt + (sp.layers - n) * per_layer) + (per_layer if n else 0)
+        return kept, f"full recompute, block: {n} of {sp.layers} layers recomputed"
+    chunks = math.ceil(sp.layers / n)
+    return in_flight * chunks * ckpt + n * per_layer, f"full recompute, uniform chunks of {n} layers"
+
+
+def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
+    """Per-NPU memory of the first and last pipeline stage (the two that differ), in GiB."""
+    act, rl = cfg.actor_config, cfg.rl_config
+    tp, pp, dp, ep = (
+        act.tensor_model_parallel_size,
+        act.pipeline_model_parallel_size,
+        act.data_parallel_size,
+        act.expert_model_parallel_size,
+    )
+    wb = bytes_per(cfg.model.dtype)
+    opt_b = 8 + (4 if wb == 2 else 0)
+    opt_div, expert_opt_div = (dp, max(1, dp // ep)) if act.use_distributed_optimizer else (1, 1)
+    tokens = tokens_per_micro_batch(cfg)
+    per_step = rl.mini_batch_size // max(1, dp)  # samples per DP rank per optimizer step
+    n_micro = (
+        max(1, per_step * seq_len(cfg) // tokens)
+        if act.use_dynamic_bsz
+        else max(1, per_step // act.micro_batch_size)
+    )
+    out = []
+    for stage, name in ((0, "first"), (pp - 1, "last")):
+        sp = stage_params(cfg, arch, stage)
+        params = sp.dense + sp.experts
+        acts, how = stage_activation_bytes(cfg, arch, sp, min(pp - stage, n_micro))
+        parts = {
+            "weights": params * wb / GIB,
+            "gradients": params * 4 / GIB,
+            "optimizer": (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
+            "activations": acts / GIB,
+            "logits": (8 * tokens * arch.vocab_size / tp / GIB) if stage == pp - 1 else 0.0,
+            "reference": (params * wb / GIB) if rl.kl_coef > 0 and not act.offload_train_param else 0.0,
+            "runtime": RUNTIME_RESERVE_GIB,
+        }
+        est = MemoryEstimate(
+            f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib
+        )
+        est.notes.append(
+            f"{sp.layers} layers ({sp.moe_layers} MoE), {params / 1e9:.2f}B params per rank"
+            + (f" ({sp.experts / 1e9:.2f}B expert, EP{ep} x TP{tp})" if sp.experts else "")
+            + f"; activations: {min(pp - stage, n_micro)} micro-batch(es) of {tokens:,} tokens in flight, "
+            + how
+            + (", sequence parallel" if act.sequence_parallel and tp > 1 else "")
+        )
+        out.append(est)
+        if pp == 1:
+            break
+    return out
+
+
+def trainer_resident_gib(cfg: Config, est: MemoryEstimate) -> float:
+    """What a trainer rank leaves on the NPU while a colocated engine generates (offload moves the rest)."""
+    act = cfg.actor_config
+    p = est.parts
+    keep = 0.0 if act.offload_train_param else p["weights"] + p["reference"]
+    keep += 0.0 if act.offload_train_grad else p["gradients"]
+    keep += 0.0 if act.offload_train_optimizer else p["optimizer"]
+    return keep
+
+
+def instance_npus(cfg: Config) -> int:
+    """NPUs of one rollout instance: infer TP, or the expert-parallel group (vLLM TP x DP) when larger."""
+    gen = cfg.generate_config
+    return max(gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size)
+
+
+def instance_memory(cfg: Config, arch: Arch, card: Card, resident_gib: float | None = None) -> MemoryEstimate:
+    """Per-NPU memory of one vLLM instance: dense weights / TP and routed experts / EP (/ TP without EP),
+    the profile-run workspace (a full max_num_batched_tokens forward plus fp32 sampler logits for
+    max_num_seqs), and whatever is left of gpu_memory_utilization * card becomes KV cache.
+    `resident_gib`: a colocated trainer's bytes that stay on the NPU during generation."""
+    gen = cfg.generate_config
+    tp, iep = gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size
+    wb = bytes_per(cfg.model.dtype)
+    h = arch.hidden_size
+    weights = arch.dense_params * wb / tp + arch.expert_params * wb / (iep if iep > 1 else tp)
+    workspace = (
+        gen.max_num_batched_tokens * (4 * h + 2 * arch.active_ffn / tp) * wb
+        + gen.max_num_seqs * arch.vocab_size * 4
+    )
+    budget = gen.gpu_memory_utilization * card.memory_gib * GIB
+    kv_per_token = arch.kv_bytes_per_token(wb, tp)
+    kv = max(0.0, budget - weights - workspace - RUNTIME_RESERVE_GIB * GIB)
+    tokens = int(kv // kv_per_token)
+    parts = {
+        "weights": weights / GIB,
+        "workspace": workspace / GIB,
+        "kv_cache": kv / GIB,
+        "runtime": RUNTIME_RESERVE_GIB,
+    }
+    colocated = resident_gib is not None
+    if colocated:
+        parts = {"trainer_resident": resident_gib, **parts}
+    role = "rollout phase (colocated)" if colocated else "rollout instance"
+    est = MemoryEstimate(role, parts, card.memory_gib if colocated else budget / GIB, kv_tokens=tokens)
+    est.notes.append(
+        f"KV cache {tokens:,} tokens = {tokens // max(1, seq_len(cfg))} full-length sequences "
+        f"(max_num_seqs {gen.max_num_seqs})"
+        + ((f"; experts over EP{iep}" if iep > 1 else f"; experts over TP{tp}") if arch.moe else "")
+        + (
+            f"; rollout phase: the trainer keeps {resident_gib:.1f} GiB (not offloaded) beside the engine's "
+            f"gpu_memory_utilization {gen.gpu_memory_utilization}"
+            if colocated
+            else ""
+        )
+    )
+    return est
