@@ -1,4 +1,4 @@
-"""`asp-npu calibrate --config FILE --out calib.json`: measure the local engine for the simulator.
+"""Measure the local rollout engine for the simulator (`asp-npu calibrate`).
 
 Why: the simulator's `cpu` preset must predict what the real CPU pipeline does, so its costs come
 from this machine's vLLM engine, not from guesses. Measured on one engine pinned to one core,
@@ -10,7 +10,8 @@ exactly as a rollout instance runs:
 - prefill seconds per prompt token (time to first token of single fresh prompts, slope of a fit);
 - weight_refresh seconds (the model's own weights, through the same path as training).
 Prompts are random token ids, distinct per sequence, so prefix caching cannot shortcut anything.
-Output schema `asp-calib/1`; `trainer_s_per_token` is null here (the trainer is measured elsewhere).
+This module measures; the simulator fits its cost model to the points and writes the `asp-calib/1`
+file (asp_npu/sim/calibrate.py).
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ import os
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asp_npu.errors import UserError
+from asp_npu.config import Config
 from asp_npu.rollout.engine import SamplingSettings
 from asp_npu.types import PromptItem
-
-SCHEMA = "asp-calib/1"
 
 
 def _random_prompt(rng: random.Random, n: int, lo: int, hi: int, tag: str) -> PromptItem:
@@ -98,50 +98,16 @@ async def measure(
     return {"decode": decode, "prefill": prefill, "refresh": refresh}
 
 
-def fit(points: dict[str, Any]) -> dict[str, Any]:
-    """Least-squares cost fit; negative coefficients (noise) are dropped and the rest refitted."""
-    import numpy as np
+@dataclass
+class EngineMeasurement:
+    """What one engine measured: raw points (decode, prefill, refresh) and how they were taken."""
 
-    d = points["decode"]
-    y = np.array([p["step_s"] for p in d])
-    cols = {
-        "a": np.ones(len(d)),
-        "b_per_seq": np.array([p["batch"] for p in d], float),
-        "c_per_kv_token": np.array([p["kv_tokens"] for p in d], float),
-    }
-    keep = list(cols)
-    coef: dict[str, float] = {}
-    while keep:
-        x = np.stack([cols[k] for k in keep], axis=1)
-        sol, *_ = np.linalg.lstsq(x, y, rcond=None)
-        coef = dict(zip(keep, sol.tolist(), strict=True))
-        neg = [k for k in keep if coef[k] < 0 and k != "a"]
-        if not neg:
-            break
-        keep.remove(min(neg, key=lambda k: coef[k]))
-    step = {k: max(0.0, float(coef.get(k, 0.0))) for k in cols}
-    pf = points["prefill"]
-    prefill = None
-    if len(pf) >= 2:
-        xs = np.array([p["prompt_tokens"] for p in pf], float)
-        slope = float(np.polyfit(xs, np.array([p["ttft_s"] for p in pf]), 1)[0])
-        prefill = max(0.0, slope)
-    refresh = statistics.median([r["total_s"] for r in points["refresh"]]) if points["refresh"] else None
-    pred = (
-        cols["a"] * step["a"]
-        + cols["b_per_seq"] * step["b_per_seq"]
-        + cols["c_per_kv_token"] * step["c_per_kv_token"]
-    )
-    rel_err = float(np.median(np.abs(pred - y) / y)) if len(y) else None
-    return {
-        "decode_step_s": step,
-        "prefill_s_per_token": prefill,
-        "refresh_s": refresh,
-        "fit_median_rel_err": rel_err,
-    }
+    model: str
+    points: dict[str, Any]
+    meta: dict[str, Any]
 
 
-def calibrate_engine(
+def measure_engine(
     engine: Any,
     loop: Any,
     model: str,
@@ -149,8 +115,8 @@ def calibrate_engine(
     quick: bool = False,
     repeats: int = 2,
     meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Measure a running engine (driven through `loop`, a LoopThread); return the `asp-calib/1` dict."""
+) -> EngineMeasurement:
+    """Measure a running engine (driven through `loop`, a LoopThread) at batches up to `max_num_seqs`."""
     from safetensors.numpy import load_file
 
     batches = sorted(
@@ -166,29 +132,22 @@ def calibrate_engine(
     points = loop.run(
         measure(engine, batches, prompt_lens or [8], decode_tokens, prefill_lens or [8, 16], repeats, weights)
     )
-    fitted = fit(points)
-    return {
-        "schema": SCHEMA,
-        "model": str(model),
-        "decode_step_s": fitted["decode_step_s"],
-        "prefill_s_per_token": fitted["prefill_s_per_token"],
-        "refresh_s": fitted["refresh_s"],
-        "trainer_s_per_token": None,
-        "points": points,
-        "meta": {
+    return EngineMeasurement(
+        model=str(model),
+        points=points,
+        meta={
             **(meta or {}),
             "max_num_seqs": max_num_seqs,
             "repeats": repeats,
             "quick": quick,
-            "fit_median_rel_err": fitted["fit_median_rel_err"],
             "measure_s": time.time() - t0,
             "loadavg_1m_after": os.getloadavg()[0],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
-    }
+    )
 
 
-def calibrate(cfg: Any, quick: bool = False, repeats: int = 2) -> dict[str, Any]:
+def measure_config(cfg: Config, quick: bool = False, repeats: int = 2) -> EngineMeasurement:
     """Build one engine from `cfg` (an asp_npu Config) on the first instance's devices (on CPU the
     whole process is confined to them, as a run's instance is), measure it, shut it down."""
     from asp_npu.data.init_model import build_model_dir, check_model_dir
@@ -221,35 +180,8 @@ def calibrate(cfg: Any, quick: bool = False, repeats: int = 2) -> dict[str, Any]
 
         engine = loop.run(build())
         meta = {"device": kind, "dtype": cfg.model.dtype}
-        return calibrate_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
+        return measure_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
     finally:
         if engine is not None:
             engine.shutdown()
         loop.close()
-
-
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
-    from asp_npu.config import load_config
-    from asp_npu.io import atomic_write_json, check_writable
-
-    parser = command_parser("calibrate", "measure the local vLLM engine for the simulator's cpu preset")
-    parser.add_argument("--config", required=True, help="YAML config (model, generate_config)")
-    parser.add_argument("--out", required=True, help="calibration JSON to write (asp-calib/1)")
-    parser.add_argument("--quick", action="store_true", help="fewer points (CI / smoke test)")
-    parser.add_argument("--repeats", type=int, default=2, help="measurements per point (median)")
-    parser.add_argument("overrides", nargs="*", help="config overrides key=value")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        raise UserError("--repeats must be >= 1")
-    check_writable(args.out)
-    cfg = load_config(args.config, args.overrides)
-    result = calibrate(cfg, quick=args.quick, repeats=args.repeats)
-    atomic_write_json(args.out, result, indent=1)
-    s = result["decode_step_s"]
-    print(
-        f"wrote {args.out}: decode step = {s['a'] * 1e3:.3f} ms + {s['b_per_seq'] * 1e3:.4f} ms/seq "
-        f"+ {s['c_per_kv_token'] * 1e6:.4f} us/KV token; "
-        f"prefill {result['prefill_s_per_token'] or 0:.2e} s/token; refresh {result['refresh_s'] or 0:.3f} s"
-    )
-    return 0

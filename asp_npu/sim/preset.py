@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.errors import UserError
+from asp_npu.sim.calibrate import SCHEMA as CALIB_SCHEMA
 from asp_npu.sim.cost import SimCost
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
-CALIB_SCHEMA = "asp-calib/1"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""The simulator's side of calibration: fit its decode cost model to an engine's measured points and
+write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
+
+The measurement itself runs a real engine and lives with the rollout code
+(asp_npu/rollout/calibrate.py); this module is pure arithmetic on its points.
+Schema `asp-calib/1`; `trainer_s_per_token` is null here (the trainer is measured elsewhere).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+SCHEMA = "asp-calib/1"
+
+
+def fit(points: dict[str, Any]) -> dict[str, Any]:
+    """Least-squares cost fit; negative coefficients (noise) are dropped and the rest refitted."""
+    import numpy as np
+
+    d = points["decode"]
+    y = np.array([p["step_s"] for p in d])
+    cols = {
+        "a": np.ones(len(d)),
+        "b_per_seq": np.array([p["batch"] for p in d], float),
+        "c_per_kv_token": np.array([p["kv_tokens"] for p in d], float),
+    }
+    keep = list(cols)
+    coef: dict[str, float] = {}
+    while keep:
+        x = np.stack([cols[k] for k in keep], axis=1)
+        sol, *_ = np.linalg.lstsq(x, y, rcond=None)
+        coef = dict(zip(keep, sol.tolist(), strict=True))
+        neg = [k for k in keep if coef[k] < 0 and k != "a"]
+        if not neg:
+            break
+        keep.remove(min(neg, key=lambda k: coef[k]))
+    step = {k: max(0.0, float(coef.get(k, 0.0))) for k in cols}
+    pf = points["prefill"]
+    prefill = None
+    if len(pf) >= 2:
+        xs = np.array([p["prompt_tokens"] for p in pf], float)
+        slope = float(np.polyfit(xs, np.array([p["ttft_s"] for p in pf]), 1)[0])
+        prefill = max(0.0, slope)
+    refresh = statistics.median([r["total_s"] for r in points["refresh"]]) if points["refresh"] else None
+    pred = (
+        cols["a"] * step["a"]
+        + cols["b_per_seq"] * step["b_per_seq"]
+        + cols["c_per_kv_token"] * step["c_per_kv_token"]
+    )
+    rel_err = float(np.median(np.abs(pred - y) / y)) if len(y) else None
+    return {
+        "decode_step_s": step,
+        "prefill_s_per_token": prefill,
+        "refresh_s": refresh,
+        "fit_median_rel_err": rel_err,
+    }
+
+
+def calibration(model: str, points: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The `asp-calib/1` document: the fitted costs, the raw points and how they were measured."""
+    fitted = fit(points)
+    return {
+        "schema": SCHEMA,
+        "model": str(model),
+        "decode_step_s": fitted["decode_step_s"],
+        "prefill_s_per_token": fitted["prefill_s_per_token"],
+        "refresh_s": fitted["refresh_s"],
+        "trainer_s_per_token": None,
+        "points": points,
+        "meta": {**meta, "fit_median_rel_err": fitted["fit_median_rel_err"]},
+    }
