@@ -32,13 +32,15 @@ def main(argv: list[str]) -> int:
         ms = OmegaConf.to_container(OmegaConf.load(src), resolve=False)
     except Exception as exc:
         raise UserError(f"{src}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(ms, dict):
+        raise UserError(f"{src}: expected a MindSpeed-RL config (a YAML mapping), got {type(ms).__name__}")
     if args.card is not None:
         try:
             card_for(args.card)
         except KeyError as exc:
             raise UserError(str(exc.args[0])) from None
     check_writable(args.out)
-    tr = translate(ms, src, args.card, args.mode)
+    tr = translate({str(k): v for k, v in ms.items()}, src, args.card, args.mode)
     text = render_yaml(tr, src)
     atomic_write(args.out, text)
     load_config(args.out, check=False)  # what we wrote must load

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from asp_npu.config import Config
 from asp_npu.pipeline.modes import instance_count
@@ -128,7 +129,8 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
             ],
             source,
         )
-    arch = Arch(**{k: (int(v) if k != "tie_word_embeddings" else v) for k, v in values.items()})
+    fields_: dict[str, Any] = {k: (int(v) if k != "tie_word_embeddings" else v) for k, v in values.items()}
+    arch = Arch(**fields_)
     problems = []
     if arch.hidden_size % arch.num_attention_heads:
         problems.append(
@@ -303,7 +305,7 @@ def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
     n_micro = max(1, rl.mini_batch_size // max(1, dp * mbs))
     out = []
     for stage, name in ((0, "first"), (pp - 1, "last")):
-        params = layers * arch.layer_params
+        params: float = layers * arch.layer_params
         if stage == 0:
             params += arch.embedding_params
         if stage == pp - 1:
