@@ -33,7 +33,7 @@ def detect(requested: str = "auto") -> DeviceKind:
         import torch
         import torch_npu  # noqa: F401  (registers the 'npu' device with torch)
 
-        if torch.npu.is_available():  # type: ignore[attr-defined]
+        if torch.npu.is_available():
             return "npu"
     if requested == "npu":
         raise RuntimeError("device 'npu' requested but torch_npu is not installed or no NPU is usable")
@@ -68,15 +68,15 @@ def spec(kind: DeviceKind) -> DeviceSpec:
 
 
 def prepare_megatron(kind: DeviceKind) -> None:
-    """Imports that must happen before megatron-core: MindSpeed's adaptor on NPU, the CPU shim on CPU."""
+    """Imports that must happen before megatron-core on this device: MindSpeed's adaptor on NPU.
+
+    On CPU the trainer also installs its own CUDA-to-CPU shim (`asp_npu.trainer.cpu_compat.prepare`);
+    this module does not import it, because the device layer sits below the trainer.
+    """
     if kind == "npu":
         # order matters: torch, then torch_npu, then MindSpeed's patches, all before megatron-core
         for module in ("torch", "torch_npu", "mindspeed.megatron_adaptor"):
             importlib.import_module(module)
-    elif kind == "cpu":
-        from asp_npu.trainer import cpu_compat
-
-        cpu_compat.install()
 
 
 def loopback_env() -> dict[str, str]:
@@ -97,7 +97,7 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
             "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         }
-    env = {spec(kind).visible_devices_env: ",".join(str(d) for d in devices)}  # type: ignore[dict-item]
+    env = visible_devices(kind, devices)
     if kind == "npu":
         env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"
         env["VLLM_ASCEND_ENABLE_NZ"] = "0"  # FRACTAL_NZ weights break repeated refreshes (vllm-ascend)
@@ -184,7 +184,7 @@ def available_devices(kind: DeviceKind) -> int:
         import torch
         import torch_npu  # noqa: F401
 
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+        return int(torch.npu.device_count())
     import torch
 
     return int(torch.cuda.device_count())
@@ -201,7 +201,7 @@ def bind_local_device(kind: DeviceKind, local_rank: int) -> str:
         import torch
         import torch_npu  # noqa: F401
 
-        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+        torch.npu.set_device(local_rank)
         return f"npu:{local_rank}"
     if kind == "cuda":
         import torch

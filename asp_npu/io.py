@@ -16,7 +16,7 @@ from typing import Any
 from asp_npu.errors import UserError
 
 
-def check_writable(path: str | os.PathLike) -> Path:
+def check_writable(path: str | os.PathLike[str]) -> Path:
     """Fail early (before any work) if `path` cannot be created or replaced."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
@@ -35,7 +35,7 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
     """Write `data` to `path` so that readers see either the old file or the whole new one."""
     p = check_writable(path)
     mode = "wb" if isinstance(data, bytes) else "w"
@@ -54,11 +54,11 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     return p
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = None) -> Path:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = None) -> Path:
     return atomic_write(path, json.dumps(obj, indent=indent) + "\n")
 
 
-def atomic_write_lines(path: str | os.PathLike, lines: Iterator[str] | list[str]) -> Path:
+def atomic_write_lines(path: str | os.PathLike[str], lines: Iterator[str] | list[str]) -> Path:
     return atomic_write(path, "".join(line if line.endswith("\n") else line + "\n" for line in lines))
 
 
@@ -66,9 +66,9 @@ FieldCheck = Callable[[Any], bool]
 
 
 def read_jsonl(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     fields: dict[str, tuple[type | tuple[type, ...], FieldCheck | None, str]] | None = None,
-) -> Iterator[tuple[int, dict]]:
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield `(line_no, row)` for each non-blank line; raise UserError naming `file:line` on any defect.
 
     `fields` maps a required field to `(types, check, what_check_means)`, e.g.

@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from asp_npu.cli.import_config import main as import_main
 from asp_npu.config import load_config
 from asp_npu.deploy.check import check
-from asp_npu.deploy.import_config import main as import_main
 from asp_npu.errors import UserError
 
 TRAINER_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "runtime")

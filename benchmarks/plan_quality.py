@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asp_npu.data.traces import SynthParams, Trace, group_table, synth_trace  # noqa: E402
+from asp_npu.predict.groups import groups_for_epoch  # noqa: E402
 from asp_npu.schedule.baselines import fifo_plan, random_plan  # noqa: E402
-from asp_npu.schedule.cli import groups_for_epoch  # noqa: E402
 from asp_npu.schedule.planner import PlannerConfig, plan  # noqa: E402
 from asp_npu.schedule.quality import plan_quality  # noqa: E402
 

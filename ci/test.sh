@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: set up if needed, lint, run the whole suite.
+# The README's test command: set up if needed, lint, type-check, run the whole suite (or the tests
+# the arguments select, e.g. `bash ci/test.sh -m "not slow"`: the fast loop).
 # pytest exit code 5 (no tests collected) is a failure here, never a silent success.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -8,6 +9,7 @@ PY=.venv/bin/python
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_HOST_IP=127.0.0.1 \
        MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check asp_npu tests || { echo "ci/test.sh: ruff found problems" >&2; exit 1; }
+$PY -m mypy || { echo "ci/test.sh: mypy found type errors (config: pyproject.toml [tool.mypy])" >&2; exit 1; }
 $PY -m pytest -q -p no:cacheprovider --timeout=900 "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

@@ -145,22 +145,7 @@ def check_model_dir(path: str | Path) -> Path:
     return p
 
 
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
-
-    parser = command_parser("init-model", "build a local tokenizer + random Qwen2 model (no download)")
-    parser.add_argument("--out", required=True, help="folder to create (HF layout)")
-    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="replace an existing folder")
-    args = parser.parse_args(argv)
-    out = build_model_dir(args.out, args.size, args.seed, args.force)
-    n_params = _count_params(out)
-    print(f"wrote {out} ({args.size}, {n_params / 1e6:.2f}M parameters)")
-    return 0
-
-
-def _count_params(folder: Path) -> int:
+def count_params(folder: Path) -> int:
     from safetensors import safe_open
 
     total = 0

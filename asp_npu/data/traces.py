@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,11 +69,11 @@ class Trace:
     @classmethod
     def from_columns(
         cls,
-        prompt_ids: np.ndarray | list,
-        epoch: np.ndarray | list,
-        sample_idx: np.ndarray | list,
-        prompt_len: np.ndarray | list,
-        response_len: np.ndarray | list,
+        prompt_ids: np.ndarray | list[Any],
+        epoch: np.ndarray | list[int],
+        sample_idx: np.ndarray | list[int],
+        prompt_len: np.ndarray | list[int],
+        response_len: np.ndarray | list[int],
         source: str = "<memory>",
     ) -> Trace:
         names, codes = np.unique(np.asarray(prompt_ids).astype(str), return_inverse=True)
@@ -89,7 +91,7 @@ class Trace:
 # ---------------------------------------------------------------------------------------------- read
 
 
-def _row_checks() -> dict:
+def _row_checks() -> dict[str, tuple[Any, ...]]:
     nonneg = (lambda v: 0 <= v <= _INT_MAX, "must be an integer in [0, 2^31)")
     positive = (lambda v: 0 < v <= _INT_MAX, "must be a positive integer (< 2^31)")
     return {
@@ -103,8 +105,8 @@ def _row_checks() -> dict:
 
 def _read_slow(path: Path) -> Trace:
     """Row-by-row reader with exact `file:line` errors; also the fallback for odd but valid files."""
-    cols: dict[str, list] = {f: [] for f in FIELDS}
-    seen: dict[tuple, int] = {}
+    cols: dict[str, list[Any]] = {f: [] for f in FIELDS}
+    seen: dict[tuple[str, int, int], int] = {}
     for line_no, row in read_jsonl(path, _row_checks()):
         key = (str(row["prompt_id"]), row["epoch"], row["sample_idx"])
         if key in seen:
@@ -117,7 +119,10 @@ def _read_slow(path: Path) -> Trace:
             cols[f].append(row[f])
     if not cols["epoch"]:
         raise UserError(f"{path}: trace is empty")
-    return Trace.from_columns(*(cols[f] for f in FIELDS), source=str(path))
+    return Trace.from_columns(
+        cols["prompt_id"], cols["epoch"], cols["sample_idx"], cols["prompt_len"], cols["response_len"],
+        source=str(path),
+    )
 
 
 def _read_fast(path: Path) -> Trace | None:
@@ -162,10 +167,13 @@ def _read_fast(path: Path) -> Trace | None:
     order = np.argsort(names, kind="stable")
     remap = np.empty_like(order)
     remap[order] = np.arange(order.size)
-    return Trace(names[order], remap[codes], *(ints[f] for f in FIELDS[1:]), source=str(path))
+    return Trace(
+        names[order], remap[codes], ints["epoch"], ints["sample_idx"], ints["prompt_len"],
+        ints["response_len"], source=str(path),
+    )
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
+def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a JSONL trace; any defect -> UserError naming `file:line` and what."""
     p = Path(path)
     if not p.exists():
@@ -181,7 +189,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
 # --------------------------------------------------------------------------------------------- write
 
 
-def trace_lines(trace: Trace, chunk: int = 100_000):
+def trace_lines(trace: Trace, chunk: int = 100_000) -> Iterator[str]:
     """Yield JSONL text chunks (many rows each) without one dict per row."""
     names = json_escaped(trace.prompt_names)
     for lo in range(0, len(trace), chunk):
@@ -199,7 +207,7 @@ def trace_lines(trace: Trace, chunk: int = 100_000):
         yield "".join(row.format(*c) for c in cols)
 
 
-def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
+def write_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Atomically write `trace` as JSONL."""
     check_writable(path)
     return atomic_write(path, "".join(trace_lines(trace)))

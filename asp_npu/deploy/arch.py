@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from asp_npu.config import Config
 
@@ -242,7 +243,7 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
             [f"model.arch.model_type: '{mt}' is not a known architecture (known: {', '.join(FAMILIES)})"],
             source,
         )
-    fields = {
+    fields: dict[str, Any] = {
         k: (int(v or 0) if k not in ("tie_word_embeddings", "model_type") else v) for k, v in values.items()
     }
     fields["tie_word_embeddings"] = bool(values["tie_word_embeddings"])

@@ -17,12 +17,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from asp_npu.cli import command_parser
-from asp_npu.config import MODES, Config, load_config, validate
+from asp_npu.config import Config, validate
 from asp_npu.deploy.layout import COLOCATED_MODES, Card, card_for, plan_layout
 from asp_npu.deploy.memory import instance_npus
 from asp_npu.errors import UserError
-from asp_npu.io import atomic_write, check_writable
 
 # Public architecture numbers (HF config.json of each model) for MindSpeed-RL's model names, used
 # when the MindSpeed model yaml is not next to the imported file.
@@ -763,41 +761,3 @@ def render_yaml(tr: Translation, source: Path) -> str:
         head.append(f"# could not map {len(tr.unmapped)} key(s):")
         head += [f"#   {k}: {why}" for k, why in tr.unmapped]
     return "\n".join(head) + "\n" + OmegaConf.to_yaml(OmegaConf.create(tr.out))
-
-
-def main(argv: list[str]) -> int:
-    p = command_parser("import-config", "translate a MindSpeed-RL GRPO config into an asp-npu config")
-    p.add_argument("source", choices=["mindspeed-rl"], help="the config's origin")
-    p.add_argument("file", help="MindSpeed-RL YAML (e.g. configs/grpo_qwen25_7b_A3.yaml)")
-    p.add_argument("--out", required=True, help="where to write the asp-npu YAML")
-    p.add_argument(
-        "--card", default=None, help="910b | 910b4 | a2 | a3 (default: from the file name, else 910b)"
-    )
-    p.add_argument("--mode", default="asp", choices=list(MODES), help="asp-npu mode (default asp)")
-    args = p.parse_args(argv)
-    from omegaconf import OmegaConf
-
-    src = Path(args.file)
-    if not src.is_file():
-        raise UserError(f"{src}: file not found")
-    try:
-        ms = OmegaConf.to_container(OmegaConf.load(src), resolve=False)
-    except Exception as exc:
-        raise UserError(f"{src}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
-    if args.card is not None:
-        try:
-            card_for(args.card)
-        except KeyError as exc:
-            raise UserError(str(exc.args[0])) from None
-    check_writable(args.out)
-    tr = translate(ms, src, args.card, args.mode)
-    text = render_yaml(tr, src)
-    atomic_write(args.out, text)
-    load_config(args.out, check=False)  # what we wrote must load
-    print(f"wrote {args.out}: mapped {len(set(tr.mapped))} key(s), could not map {len(tr.unmapped)}")
-    for n in tr.notes:
-        print(f"note: {n}")
-    for k, why in tr.unmapped:
-        print(f"not mapped: {k}: {why}")
-    print(f"next: asp-npu check --config {args.out}")
-    return 0

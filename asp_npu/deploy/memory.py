@@ -241,7 +241,7 @@ def instance_memory(cfg: Config, arch: Arch, card: Card, resident_gib: float | N
         "runtime": RUNTIME_RESERVE_GIB,
     }
     colocated = resident_gib is not None
-    if colocated:
+    if resident_gib is not None:
         parts = {"trainer_resident": resident_gib, **parts}
     role = "rollout phase (colocated)" if colocated else "rollout instance"
     est = MemoryEstimate(role, parts, card.memory_gib if colocated else budget / GIB, kv_tokens=tokens)

@@ -92,7 +92,9 @@ def account(log: EventLog, t0: float = 0.0, t1: float | None = None) -> BubbleRe
     t1 = log.t_end if t1 is None else t1
     span = max(0.0, t1 - t0)
     # merged, time-ordered stream; the index keeps insertion order among equal times
-    stream = [(t, 0, k, i, r, s) for k, (t, i, r, s) in enumerate(log.inst)]
+    stream: list[tuple[float, int, int, int, float, str]] = [
+        (t, 0, k, i, r, s) for k, (t, i, r, s) in enumerate(log.inst)
+    ]
     stream += [(t, 1, k, -1, u, s) for k, (t, s, u) in enumerate(log.trainer)]
     stream.sort(key=lambda e: (e[0], e[1], e[2]))
     n_inst = len(log.instance_devices)

@@ -124,13 +124,13 @@ class EventLog:
             raise UserError(f"{where}: unknown state {bad[0]!r}")
         return log
 
-    def write(self, path: str | os.PathLike) -> None:
+    def write(self, path: str | os.PathLike[str]) -> None:
         from asp_npu.io import atomic_write_json
 
         atomic_write_json(path, self.to_dict())
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> EventLog:
+    def read(cls, path: str | os.PathLike[str]) -> EventLog:
         try:
             with open(path, encoding="utf-8") as f:
                 return cls.from_dict(json.load(f), where=str(path))

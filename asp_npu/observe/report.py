@@ -131,19 +131,3 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     plt.close(fig)
     tmp.replace(target)
     return target
-
-
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
-
-    parser = command_parser("report", "redraw the one-page report (PNG) of a run directory")
-    parser.add_argument("run_dir", help="a run directory written by `asp-npu train` or `asp-npu bench real`")
-    parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/report.png)")
-    args = parser.parse_args(argv)
-    if args.out is not None:
-        from asp_npu.io import check_writable
-
-        check_writable(args.out)
-    path = draw_report(args.run_dir, args.out)
-    print(f"report written to {path}")
-    return 0

@@ -143,5 +143,7 @@ def chrome_trace(log: EventLog, t0: float = 0.0, t1: float | None = None) -> dic
     }
 
 
-def write_timeline(path: str | os.PathLike, log: EventLog, t0: float = 0.0, t1: float | None = None) -> None:
+def write_timeline(
+    path: str | os.PathLike[str], log: EventLog, t0: float = 0.0, t1: float | None = None
+) -> None:
     atomic_write_json(path, chrome_trace(log, t0, t1))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from asp_npu.types import LengthEstimate
 
@@ -61,7 +62,7 @@ class ObservationLog:
 
     def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        self._pending: tuple[list, list, list, list] = ([], [], [], [])
+        self._pending: tuple[list[Any], list[Any], list[Any], list[Any]] = ([], [], [], [])
         self.version = 0  # bumps on every change, so fitted state knows when it is stale
 
     def add(self, prompt_id: str, epoch: int, response_len: int, prompt_len: int | None) -> None:
@@ -75,7 +76,13 @@ class ObservationLog:
             col.append(v)
         self.version += 1
 
-    def add_many(self, prompt_ids, epochs, response_lens, prompt_lens=None) -> None:
+    def add_many(
+        self,
+        prompt_ids: ArrayLike,
+        epochs: ArrayLike,
+        response_lens: ArrayLike,
+        prompt_lens: ArrayLike | None = None,
+    ) -> None:
         ids = np.asarray(prompt_ids).astype(str)
         lens = np.asarray(response_lens, dtype=np.float64)
         if lens.size and lens.min() <= 0:
@@ -99,7 +106,8 @@ class ObservationLog:
             )
             self._pending = ([], [], [], [])
         if len(self._chunks) > 1:
-            self._chunks = [tuple(np.concatenate(c) for c in zip(*self._chunks, strict=True))]  # type: ignore[misc]
+            cols = [np.concatenate(c) for c in zip(*self._chunks, strict=True)]
+            self._chunks = [(cols[0], cols[1], cols[2], cols[3])]
         if not self._chunks:
             return np.array([], dtype=str), np.array([], dtype=np.int64), np.array([]), np.array([])
         return self._chunks[0]

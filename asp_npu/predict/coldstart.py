@@ -9,6 +9,7 @@ beta = 0 and it is the population distribution; with no data at all, a documente
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from asp_npu.predict.base import Estimates, ObservationLog
 from asp_npu.types import LengthEstimate
@@ -35,7 +36,13 @@ class PromptLenPredictor:
     def observe(self, prompt_id: str, epoch: int, response_len: int, prompt_len: int | None = None) -> None:
         self.log.add(prompt_id, epoch, response_len, prompt_len)
 
-    def observe_many(self, prompt_ids, epochs, response_lens, prompt_lens=None) -> None:
+    def observe_many(
+        self,
+        prompt_ids: ArrayLike,
+        epochs: ArrayLike,
+        response_lens: ArrayLike,
+        prompt_lens: ArrayLike | None = None,
+    ) -> None:
         self.log.add_many(prompt_ids, epochs, response_lens, prompt_lens)
 
     def _fit(self) -> None:
@@ -64,7 +71,7 @@ class PromptLenPredictor:
         )
         self._fitted_on = int(y.size)
 
-    def predict_many(self, prompt_ids, prompt_lens) -> Estimates:
+    def predict_many(self, prompt_ids: ArrayLike, prompt_lens: ArrayLike) -> Estimates:
         self._fit()
         ids = np.asarray(prompt_ids).astype(str)
         pl = np.asarray(prompt_lens, dtype=np.float64)

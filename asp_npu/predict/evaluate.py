@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asp_npu.data.traces import Trace
@@ -41,7 +43,7 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     return round(float(spearmanr(a, b).statistic), 4)
 
 
-def evaluate(trace: Trace, epoch: int, name: str) -> dict:
+def evaluate(trace: Trace, epoch: int, name: str) -> dict[str, Any]:
     """`spearman`: rank correlation of predicted vs actual *group mean* (what the planner sorts by);
     `spearman_samples`: the same per sample; `mae`: mean |predicted mean - actual| per sample;
     `coverage_q90`: share of samples at or below the predicted q90 (ideal 0.9)."""

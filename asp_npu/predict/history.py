@@ -10,6 +10,7 @@ reasoning lengths grow during RL. Prompts never seen go to the cold-start `Promp
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from asp_npu.predict.base import Estimates, ObservationLog, grouped_quantiles
 from asp_npu.predict.coldstart import PromptLenPredictor
@@ -40,7 +41,13 @@ class HistoryPredictor:
         self.log.add(prompt_id, epoch, response_len, prompt_len)
         self.cold.observe(prompt_id, epoch, response_len, prompt_len)
 
-    def observe_many(self, prompt_ids, epochs, response_lens, prompt_lens=None) -> None:
+    def observe_many(
+        self,
+        prompt_ids: ArrayLike,
+        epochs: ArrayLike,
+        response_lens: ArrayLike,
+        prompt_lens: ArrayLike | None = None,
+    ) -> None:
         self.log.add_many(prompt_ids, epochs, response_lens, prompt_lens)
         self.cold.observe_many(prompt_ids, epochs, response_lens, prompt_lens)
 
@@ -94,7 +101,7 @@ class HistoryPredictor:
         sd = float(np.median(np.abs(change - med))) * 1.4826 / np.sqrt(2.0)
         return float(np.clip(d, -self.max_drift, self.max_drift)), sd
 
-    def predict_many(self, prompt_ids, prompt_lens) -> Estimates:
+    def predict_many(self, prompt_ids: ArrayLike, prompt_lens: ArrayLike) -> Estimates:
         self._fit()
         ids = np.asarray(prompt_ids).astype(str)
         est = self.cold.predict_many(ids, prompt_lens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from asp_npu.predict.base import Estimates, ObservationLog, grouped_quantiles
 from asp_npu.predict.coldstart import PromptLenPredictor
@@ -21,15 +22,21 @@ class OraclePredictor:
     def observe(self, prompt_id: str, epoch: int, response_len: int, prompt_len: int | None = None) -> None:
         self.cold.observe(prompt_id, epoch, response_len, prompt_len)
 
-    def observe_many(self, prompt_ids, epochs, response_lens, prompt_lens=None) -> None:
+    def observe_many(
+        self,
+        prompt_ids: ArrayLike,
+        epochs: ArrayLike,
+        response_lens: ArrayLike,
+        prompt_lens: ArrayLike | None = None,
+    ) -> None:
         self.cold.observe_many(prompt_ids, epochs, response_lens, prompt_lens)
 
-    def reveal(self, prompt_ids, response_lens) -> None:
+    def reveal(self, prompt_ids: ArrayLike, response_lens: ArrayLike) -> None:
         """The true lengths of the epoch to predict (replaces anything revealed before)."""
         self.truth = ObservationLog()
         self.truth.add_many(prompt_ids, 0, response_lens)
 
-    def predict_many(self, prompt_ids, prompt_lens) -> Estimates:
+    def predict_many(self, prompt_ids: ArrayLike, prompt_lens: ArrayLike) -> Estimates:
         ids = np.asarray(prompt_ids).astype(str)
         est = self.cold.predict_many(ids, prompt_lens)
         tid, _, ln, _ = self.truth.arrays()

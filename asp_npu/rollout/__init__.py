@@ -1,1 +1,1 @@
-"""Rollout instances: engine protocol, vLLM engine, instance actor, weight refresh receiver."""
+"""Rollout instances: engine protocol, vLLM engine, instance actor, weight refresh, engine calibration."""

@@ -440,7 +440,7 @@ def launch_instances(
         if placement is not None and placement.rollout_nice:
             env = {**env, ROLLOUT_NICE_ENV: str(placement.rollout_nice)}
         if placement is not None and placement.disjoint:
-            env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in cores)}
+            env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in placement.instance_cores[i])}
         actor_cls = ray.remote(RolloutInstance).options(**options)
         actors.append(actor_cls.remote(i, settings, sampling, env, sink, admission, keep_polled))
     if start:
@@ -452,6 +452,6 @@ def launch_instances(
                 ray.kill(a)
             cause = exc
             while getattr(cause, "cause", None) is not None:
-                cause = cause.cause  # type: ignore[assignment]
+                cause = cause.cause  # type: ignore[attr-defined]
             raise UserError(f"starting rollout instances failed: {str(cause).splitlines()[0]}") from None
     return actors

@@ -52,7 +52,7 @@ class WeightReceiver:
         rank = rank_offset + int(getattr(self, "rank", 0))
         device = str(getattr(self, "device", "cpu"))
         spec = GroupSpec(host, port, world_size, backend)
-        self._asp_weight_group = CollectiveTransport(spec, rank, device=device)
+        self._asp_weight_group: CollectiveTransport | None = CollectiveTransport(spec, rank, device=device)
         return rank
 
     def receive_weights_collective(self) -> tuple[int, float, float, int]:

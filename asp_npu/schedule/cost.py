@@ -44,10 +44,13 @@ class CostModel:
         longest = np.asarray(longest, dtype=np.float64)
         total = np.asarray(total_tokens, dtype=np.float64)
         steps = np.maximum(longest, total / max(1, slots))
-        return self.a * steps + self.b * total + self.c * np.asarray(kv_token_steps, dtype=np.float64)
+        kv = np.asarray(kv_token_steps, dtype=np.float64)
+        seconds: np.ndarray = self.a * steps + self.b * total + self.c * kv
+        return seconds
 
 
 def group_kv_token_steps(mean: np.ndarray, prompt_lens: np.ndarray | None, group_size: int) -> np.ndarray:
     """Predicted sum over a group's decode steps of its KV tokens: n * (p*L + L^2/2) at L = mean."""
     p = 0.0 if prompt_lens is None else np.asarray(prompt_lens, dtype=np.float64)
-    return group_size * (p * mean + 0.5 * mean * mean)
+    kv: np.ndarray = group_size * (p * mean + 0.5 * mean * mean)
+    return kv

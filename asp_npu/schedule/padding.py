@@ -27,7 +27,8 @@ def length_order(key: np.ndarray, seed: int) -> np.ndarray:
     """Group indices by descending `key`; ties broken by a seeded shuffle (deterministic per seed)."""
     rng = np.random.default_rng(seed)
     jitter = rng.permutation(key.shape[0])
-    return np.lexsort((jitter, -key))
+    order: np.ndarray = np.lexsort((jitter, -key))
+    return order
 
 
 def cut_units(order: np.ndarray, per_unit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,4 +49,5 @@ def intra_unit_spread(lengths: np.ndarray, unit_offsets: np.ndarray) -> np.ndarr
     starts = unit_offsets[:-1][nonempty]
     mx = np.maximum.reduceat(lengths, starts)
     mean = np.add.reduceat(lengths.astype(np.float64), starts) / sizes[nonempty]
-    return (mx - mean) / mx
+    spread: np.ndarray = (mx - mean) / mx
+    return spread

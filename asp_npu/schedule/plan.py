@@ -139,7 +139,8 @@ class RolloutPlan:
 
     @property
     def sample_prompt_ids(self) -> np.ndarray:
-        return self.group_prompt_ids[self.sample_group]
+        ids: np.ndarray = self.group_prompt_ids[self.sample_group]
+        return ids
 
     @property
     def unit_sizes(self) -> np.ndarray:
@@ -210,7 +211,7 @@ class RolloutPlan:
     def to_json(self) -> str:
         return "".join(self._json_chunks())
 
-    def write_json(self, path: str | os.PathLike) -> Path:
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Atomic: readers see the old file or the whole plan, never half of it."""
         check_writable(path)
         return atomic_write(path, self.to_json())
@@ -273,7 +274,7 @@ class RolloutPlan:
         )
 
     @classmethod
-    def read_json(cls, path: str | os.PathLike) -> RolloutPlan:
+    def read_json(cls, path: str | os.PathLike[str]) -> RolloutPlan:
         p = Path(path)
         if not p.is_file():
             raise UserError(f"{p}: no such plan file")

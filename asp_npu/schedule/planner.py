@@ -67,7 +67,7 @@ def unit_costs(
     starts = offsets[:-1]
     longest = np.maximum.reduceat(groups.q90[group_order], starts)
     tokens = np.add.reduceat(groups.mean[group_order], starts) * n
-    kv = 0.0
+    kv: np.ndarray | float = 0.0
     if cfg.cost.c > 0:
         pl = None if groups.prompt_lens is None else groups.prompt_lens[group_order]
         kv = np.add.reduceat(group_kv_token_steps(groups.mean[group_order], pl, n), starts)

@@ -7,6 +7,8 @@ compared on what would really happen.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from asp_npu.schedule.padding import intra_unit_spread
@@ -23,14 +25,14 @@ def actual_unit_seconds(
     lens = actual_len.astype(np.float64)
     longest = np.maximum.reduceat(lens, starts)
     total = np.add.reduceat(lens, starts)
-    kv = 0.0
+    kv: np.ndarray | float = 0.0
     if cfg.cost.c > 0:
         p = 0.0 if prompt_len is None else prompt_len.astype(np.float64)
         kv = np.add.reduceat(p * lens + 0.5 * lens * lens, starts)
     return cfg.cost.unit_seconds(longest, total, cfg.max_num_seqs, kv)
 
 
-def plan_quality(plan: RolloutPlan, actual_len: np.ndarray, cfg: PlannerConfig) -> dict:
+def plan_quality(plan: RolloutPlan, actual_len: np.ndarray, cfg: PlannerConfig) -> dict[str, Any]:
     """Token-load balance, intra-unit spread and realised makespan of `plan` on the true lengths."""
     unit_of = plan.sample_unit
     tokens = np.bincount(plan.unit_instance[unit_of], weights=actual_len, minlength=plan.num_instances)

@@ -111,8 +111,8 @@ def train_seconds(cost: SimCost, seq_tokens: np.ndarray, devices: int, padded: b
     else:
         loads = _lpt_loads(tokens, ranks) if ranks > 1 else np.array([tokens.sum()])
     peak = float(loads.max())
-    per_rank = min(devices, cost.train_dp_devices)
-    seconds = peak * cost.train_s_per_token / per_rank
+    rank_devices = min(devices, cost.train_dp_devices)
+    seconds = peak * cost.train_s_per_token / rank_devices
     # devices beyond whole ranks sit idle: they count against the useful share too
-    useful = float(tokens.sum()) / (ranks * peak) * (ranks * per_rank / devices) if peak > 0 else 1.0
+    useful = float(tokens.sum()) / (ranks * peak) * (ranks * rank_devices / devices) if peak > 0 else 1.0
     return seconds, min(1.0, useful)

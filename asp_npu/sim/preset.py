@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.errors import UserError
+from asp_npu.sim.calibrate import SCHEMA as CALIB_SCHEMA
 from asp_npu.sim.cost import SimCost
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
-CALIB_SCHEMA = "asp-calib/1"
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
     if not isinstance(d, dict) or d.get("schema") != CALIB_SCHEMA:
         raise UserError(f"{path}: not an {CALIB_SCHEMA} calibration file")
     notes = [f"calibration: {path} (model {d.get('model', '?')})"]
-    upd: dict[str, float] = {}
+    upd: dict[str, Any] = {}
     step = d.get("decode_step_s") or {}
     if not isinstance(step, dict):
         raise UserError(f"{path}: decode_step_s must be an object")

@@ -4,9 +4,10 @@ megatron-core assumes CUDA in a handful of places: `torch.cuda.current_device()`
 the CUDA RNG state for its model-parallel RNG tracker, stream/event/synchronize calls, and a few
 `device="cuda"` literals (`torch.zeros(..., device="cuda")`, `tensor.cuda()`). This module maps them
 to CPU equivalents (wrapping the torch factory functions rather than a TorchFunctionMode, because a
-mode is thread-local and Ray may run actor methods on another thread). It is imported only on CPU,
-through `asp_npu.device.prepare_megatron("cpu")`, so NPU/CUDA runs never see it; it is the one place
-(besides device.py) allowed to know the device kind.
+mode is thread-local and Ray may run actor methods on another thread). The trainer calls
+`prepare(kind)` right after `asp_npu.device.prepare_megatron(kind)`: it installs the shim on CPU only,
+so NPU/CUDA runs never patch anything. This module is the one place (besides device.py) allowed to
+know the device kind; the device layer never imports it (the arrow points from the trainer down).
 """
 
 from __future__ import annotations
@@ -103,28 +104,34 @@ class _DropForkWarning(logging.Filter):
         return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
 
 
+def prepare(kind: str) -> None:
+    """The trainer's side of `asp_npu.device.prepare_megatron`: on CPU, install the shim; else nothing."""
+    if kind == "cpu":
+        install()
+
+
 def install() -> None:
     """Patch torch.cuda and megatron's RNG helpers for CPU; idempotent. Call before building models."""
     global _INSTALLED
     if _INSTALLED:
         return
     cuda = torch.cuda
-    cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
-    cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)  # type: ignore[assignment]
+    cuda.current_device = lambda: "cpu"
+    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     # torch.manual_seed itself calls torch.cuda.manual_seed_all, so seed the CPU generator directly
-    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))  # type: ignore[assignment]
-    cuda.random.get_rng_state = cuda.get_rng_state  # type: ignore[assignment]
-    cuda.random.set_rng_state = cuda.set_rng_state  # type: ignore[assignment]
-    cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
-    cuda.empty_cache = lambda: None  # type: ignore[assignment]
-    cuda.current_stream = lambda device=None: _InertStream()  # type: ignore[assignment]
-    cuda.default_stream = lambda device=None: _InertStream()  # type: ignore[assignment]
-    cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
-    cuda.Stream = _InertStream  # type: ignore[assignment,misc]
-    cuda.Event = _InertEvent  # type: ignore[assignment,misc]
-    cuda.device = lambda device=None: contextlib.nullcontext()  # type: ignore[assignment,misc]
-    cuda.set_device = lambda device: None  # type: ignore[assignment]
+    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    cuda.random.get_rng_state = cuda.get_rng_state
+    cuda.random.set_rng_state = cuda.set_rng_state
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    cuda.current_stream = lambda device=None: _InertStream()
+    cuda.default_stream = lambda device=None: _InertStream()
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.Stream = _InertStream
+    cuda.Event = _InertEvent
+    cuda.device = lambda device=None: contextlib.nullcontext()
+    cuda.set_device = lambda device: None
 
     from megatron.core.tensor_parallel import random as mrandom
 
@@ -133,5 +140,5 @@ def install() -> None:
     logging.getLogger(mrandom.__name__).addFilter(_DropForkWarning())
     for name in _FACTORIES:
         setattr(torch, name, _cpu_factory(getattr(torch, name)))
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
     _INSTALLED = True

@@ -47,7 +47,7 @@ class ModelDims:
             head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            rope_theta=float(theta if theta is not None else 10000.0),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
@@ -126,7 +126,8 @@ def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, mas
                   seed: int, timeout_s: float = 600.0) -> None:
     """torch.distributed + megatron parallel_state + megatron's model-parallel RNG, on one rank.
 
-    The caller has already run `asp_npu.device.prepare_megatron(kind)` (CPU shim / MindSpeed adaptor).
+    The caller has already run `asp_npu.device.prepare_megatron(kind)` (MindSpeed adaptor) and
+    `asp_npu.trainer.cpu_compat.prepare(kind)` (CPU shim).
     """
     import torch.distributed as dist
 

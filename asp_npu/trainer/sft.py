@@ -178,29 +178,7 @@ def warm_start(
     }
 
 
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
-    from asp_npu.config import load_config
-
-    parser = command_parser("sft", "supervised warm-start on a synthetic task (writes an HF folder)")
-    parser.add_argument(
-        "--config", default=None, help="YAML config (sections model, data, sft, actor_config)"
-    )
-    parser.add_argument("--out", default=None, help="HF folder to write (default: sft.out)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. sft.steps=200")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    _prepare_model(cfg)
-    result = warm_start(cfg, out_dir=args.out)
-    if args.json:
-        import json
-
-        print(json.dumps(result, indent=2))
-    return 0
-
-
-def _prepare_model(cfg: Config) -> None:
+def prepare_model(cfg: Config) -> None:
     """Build the tiny local model when model.path is absent and model.build_if_missing allows it."""
     from asp_npu.data.init_model import build_model_dir, check_model_dir
 

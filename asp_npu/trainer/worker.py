@@ -143,6 +143,7 @@ class TrainerWorker:
     def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str = "127.0.0.1",
                  master_port: int = 29500, local_rank: int = 0, model_path: str | None = None) -> None:
         from asp_npu import device
+        from asp_npu.trainer import cpu_compat
         from asp_npu.trainer.parallel import init_parallel
 
         act = cfg.actor_config
@@ -160,6 +161,7 @@ class TrainerWorker:
         threads = act.num_threads or len(cores) or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
         device.prepare_megatron(self.kind)
+        cpu_compat.prepare(self.kind)
         self.torch_device = device.bind_local_device(self.kind, local_rank)
         init_parallel(device.spec(self.kind).dist_backend, rank, self.layout, master_addr, master_port,
                       act.seed)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asp_npu.observe.bubbles import account
-from asp_npu.pipeline.bench_cli import aggregate, table
+from asp_npu.pipeline.bench import aggregate, table
 from asp_npu.pipeline.controller import window_stream
 from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec, steps_per_version
 from asp_npu.pipeline.queue_actor import QueueService

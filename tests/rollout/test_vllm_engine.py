@@ -231,12 +231,14 @@ def test_pause_holds_new_sequences_until_resume(engine):
 def test_calibration_of_this_engine_feeds_the_simulator(engine, tiny_model_dir, tmp_path):
     """Runs last: it reloads the folder's weights (the refresh measurement)."""
     from asp_npu.io import atomic_write_json
-    from asp_npu.sim.calibrate import SCHEMA, calibrate_engine
+    from asp_npu.rollout.calibrate import measure_engine
+    from asp_npu.sim.calibrate import SCHEMA, calibration
     from asp_npu.sim.cost import SimCost
     from asp_npu.sim.preset import apply_calibration
 
     eng, loop = engine
-    d = calibrate_engine(eng, loop, str(tiny_model_dir), max_num_seqs=16, quick=True, repeats=1)
+    m = measure_engine(eng, loop, str(tiny_model_dir), max_num_seqs=16, quick=True, repeats=1)
+    d = calibration(m.model, m.points, m.meta)
     assert d["schema"] == SCHEMA and d["model"] == str(tiny_model_dir) and d["trainer_s_per_token"] is None
     assert set(d["decode_step_s"]) == {"a", "b_per_seq", "c_per_kv_token"}
     assert all(v >= 0 for v in d["decode_step_s"].values()) and d["decode_step_s"]["a"] > 0

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
 from asp_npu.cli import command_parser
-from asp_npu.data.traces import SynthParams, synth_trace, write_trace
+from asp_npu.data.traces import SynthParams, Trace, synth_trace, write_trace
 from asp_npu.errors import UserError
 from asp_npu.io import check_writable
 
 
-def _summary(trace) -> dict:
+def _summary(trace: Trace) -> dict[str, Any]:
     r = trace.response_len
     med = float(np.median(r))
     return {

@@ -1,9 +1,9 @@
-"""`asp-npu train --config FILE [key=value ...]`: GRPO with the ASP asynchronous pipeline.
+"""One GRPO training run with the ASP asynchronous pipeline (what `asp-npu train` runs).
 
-Order matters for bad input: the config is loaded and checked against this machine (preflight)
-before anything is built or started, so a bad value costs one line and no half-made run directory.
-Then: build the model if configured and missing, warm-start it (SFT) if configured, start the
-actors, train, write the run directory and draw the report.
+The caller has already loaded the config and checked it against this machine (`preflight`), so a
+bad value costs one line and no half-made run directory. Then: build the model if configured and
+missing, warm-start it (SFT) if configured, start the actors, train, write the run directory and
+draw the report.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config, load_config, to_dict
+from asp_npu.config import Config, to_dict
 from asp_npu.pipeline import run_dir as rd
-from asp_npu.pipeline.preflight import preflight
 
 
 def config_yaml(cfg: Config) -> str:
@@ -76,24 +75,3 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "") -> dict
         ctl.close()
     draw_report(run.path)
     return summary
-
-
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
-
-    parser = command_parser("train", "GRPO training with the ASP asynchronous pipeline")
-    parser.add_argument("--config", default=None, help="YAML config (e.g. configs/cpu_tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl_config.max_lag=2")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides, check=False)
-    kind = preflight(cfg)
-    summary = train(cfg, kind)
-    run = Path(cfg.trainer.run_dir)
-    print(
-        f"done: {summary['steps']} steps, {summary['throughput_tokens_per_s']:.0f} tokens/s, "
-        f"final reward {summary['final_reward']:.3f}, "
-        f"lag max {summary['lag_max']} (bound {summary['max_lag']})"
-    )
-    print(f"report: {run / rd.REPORT}")
-    print(f"run directory: {run} (metrics.jsonl, tensorboard/, timeline.json, checkpoints/)")
-    return 0

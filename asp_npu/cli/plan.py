@@ -5,34 +5,17 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
-
 from asp_npu.cli import command_parser
-from asp_npu.data.traces import Trace, group_table, read_trace
+from asp_npu.data.traces import group_table, read_trace
 from asp_npu.errors import UserError
 from asp_npu.io import check_writable
-from asp_npu.predict.evaluate import predict_epoch
 from asp_npu.predict.factory import PREDICTORS
+from asp_npu.predict.groups import groups_for_epoch
 from asp_npu.schedule.baselines import fifo_plan, random_plan
 from asp_npu.schedule.cost import CostModel
-from asp_npu.schedule.plan import Groups
 from asp_npu.schedule.planner import PlannerConfig, plan
 
 DISPATCH = {"asp": plan, "fifo": fifo_plan, "random": random_plan}
-
-
-def groups_for_epoch(trace: Trace, epoch: int, predictor: str) -> Groups:
-    """The epoch's GRPO groups with predictions from epochs < `epoch` (the oracle reads `epoch`)."""
-    cur, _, est = predict_epoch(trace, epoch, predictor)
-    codes, rows, _ = group_table(cur)  # codes ascending, same order as the estimates
-    return Groups(
-        prompt_ids=trace.prompt_names[codes],
-        sample_idxs=cur.sample_idx[rows],
-        mean=est.mean,
-        q50=est.q50,
-        q90=est.q90,
-        prompt_lens=cur.prompt_len[rows[:, 0]],
-    )
 
 
 def main(argv: list[str]) -> int:
@@ -97,5 +80,3 @@ def main(argv: list[str]) -> int:
     print(json.dumps(s) if args.json else " ".join(f"{k}={v}" for k, v in s.items()))
     return 0
 
-
-__all__ = ["main", "groups_for_epoch", "np"]

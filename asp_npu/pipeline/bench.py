@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config, load_config
-from asp_npu.errors import UserError
-from asp_npu.pipeline.modes import REAL_MODES
+from asp_npu.config import Config
 from asp_npu.pipeline.preflight import preflight
 
 BASELINE = "mindspeed-sync"
@@ -93,46 +91,23 @@ def _mode_config(base: Config, mode: str, seed: int, out_dir: Path) -> Config:
     return cfg
 
 
-def main(argv: list[str]) -> int:
-    from asp_npu.cli import command_parser
+def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, json_path: str | None = None,
+              config_path: str | None = None,
+              overrides: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every mode for every seed (the order rotating per seed), after checking every mode's config.
 
-    parser = command_parser("bench real", "run modes side by side with real engines and trainer")
-    parser.add_argument("--config", default=None, help="YAML config (e.g. configs/cpu_tiny.yaml)")
-    parser.add_argument("--modes", default="asp,async-fifo,mindspeed-sync",
-                        help=f"comma-separated, from {','.join(REAL_MODES)}")
-    parser.add_argument("--iterations", type=int, default=None, help="trainer.train_iters for every mode")
-    parser.add_argument("--seeds", default=None,
-                        help="comma-separated data/sampling seeds (default: data.seed)")
-    parser.add_argument("--out-dir", default="runs/bench_real", help="one run directory per mode and seed")
-    parser.add_argument("--json", default=None, help="write the per-mode results here")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides for every mode")
-    args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in REAL_MODES]
-    if bad or not modes:
-        raise UserError(f"--modes: '{(bad or [''])[0]}' is not one of {', '.join(REAL_MODES)}")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    except ValueError:
-        raise UserError(f"--seeds: '{args.seeds}' is not a comma-separated list of integers") from None
-    if args.iterations is not None and args.iterations < 1:
-        raise UserError(f"--iterations: must be >= 1 (got {args.iterations})")
-    overrides = list(args.overrides)
-    if args.iterations is not None:
-        overrides.append(f"trainer.train_iters={args.iterations}")
-    base = load_config(args.config, overrides, check=False)
-    seeds = seeds or [base.data.seed]
-    out_dir = Path(args.out_dir)
+    With `json_path`, the results so far are rewritten after every run, so a later failure keeps what
+    was measured. Returns mode -> one run summary per seed.
+    """
+    from asp_npu.io import check_writable
+    from asp_npu.pipeline.train import prepare_model, train
+
     kind = "cpu"
     for m in modes:  # every mode's config is checked before anything starts
         kind = preflight(_mode_config(base, m, seeds[0], out_dir))
-    if args.json:
-        from asp_npu.io import check_writable
-
-        check_writable(args.json)
+    if json_path:
+        check_writable(json_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from asp_npu.pipeline.train_cli import prepare_model, train
-
     prepare_model(base)
     if base.model.warm_start_steps > 0:
         from asp_npu.trainer import sft
@@ -152,15 +127,12 @@ def main(argv: list[str]) -> int:
             summary = train(cfg, kind, console=True, label=f"{mode} s{seed}")
             summary.update(seed=seed, run_dir=cfg.trainer.run_dir)
             runs[mode].append(summary)
-            if args.json:  # after every run, so a later failure keeps what was measured
-                _write_json(args.json, args.config, overrides, seeds, base, runs)
+            if json_path:  # after every run, so a later failure keeps what was measured
+                _write_json(json_path, config_path, list(overrides or []), seeds, base, runs)
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
                   f"lag max {summary['lag_max']} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
-    print(table(aggregate(runs)))
-    if args.json:
-        print(f"results written to {args.json}")
-    return 0
+    return runs
 
 
 def _write_json(path: str, config: str | None, overrides: list[str], seeds: list[int], base: Config,

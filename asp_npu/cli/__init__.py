@@ -1,0 +1,77 @@
+"""`asp-npu` entry point: a thin, lazy dispatcher over one module per command.
+
+Each command is `asp_npu/cli/<command>.py` exposing `main(argv) -> int`: it parses the flags, checks
+them, calls plain library functions and prints. Only the chosen module is imported, so `asp-npu plan`
+never pays for torch/vLLM. The arrow points one way: the CLI imports the library, never the reverse
+(tests/test_arrows.py keeps it so). Bad input is a `UserError`: one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from asp_npu.errors import UserError
+
+# command words -> (module exposing main(argv), one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "trace": ("asp_npu.cli.trace", "length traces: `trace synth` makes a synthetic reasoning-RL trace"),
+    "predict-eval": (
+        "asp_npu.cli.predict_eval",
+        "evaluate a response-length predictor on one epoch of a trace",
+    ),
+    "plan": ("asp_npu.cli.plan", "plan one epoch of a trace with the offline ASP planner"),
+    "bench sim": ("asp_npu.cli.bench_sim", "simulate all modes (ASP and baselines) at cluster scale"),
+    "bench real": ("asp_npu.cli.bench_real", "run modes side by side with real engines and trainer"),
+    "calibrate": ("asp_npu.cli.calibrate", "measure the local vLLM engine for the simulator's cpu preset"),
+    "init-model": ("asp_npu.cli.init_model", "build a local tokenizer + Qwen2 model (no download)"),
+    "sft": ("asp_npu.cli.sft", "supervised warm-start on a synthetic task"),
+    "train": ("asp_npu.cli.train", "GRPO training with the ASP asynchronous pipeline"),
+    "check": ("asp_npu.cli.check", "validate a config against a cluster without touching hardware"),
+    "import-config": ("asp_npu.cli.import_config", "translate a MindSpeed-RL GRPO config into ours"),
+    "report": ("asp_npu.cli.report", "redraw the one-page report of a run directory"),
+}
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one UserError line (exit 2) instead of usage spam."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message)
+
+
+def command_parser(prog: str, description: str = "") -> CommandParser:
+    """The parser every command uses: `asp-npu <prog>` in its usage line, errors as UserError."""
+    return CommandParser(prog=f"asp-npu {prog}", description=description)
+
+
+def _usage() -> str:
+    width = max(len(k) for k in COMMANDS)
+    lines = ["usage: asp-npu <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name = argv[0]
+    if len(argv) > 1 and f"{argv[0]} {argv[1]}" in COMMANDS:
+        name = f"{argv[0]} {argv[1]}"
+    if name not in COMMANDS:
+        print(f"asp-npu: error: unknown command '{argv[0]}'\n{_usage()}", file=sys.stderr)
+        return 2
+    rest = argv[len(name.split()):]
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except UserError as exc:
+        print(f"asp-npu {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"asp-npu {name}: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,39 @@
+"""`asp-npu calibrate --config FILE --out calib.json`: measure the local engine for the simulator.
+
+The rollout code measures one engine (asp_npu/rollout/calibrate.py); the simulator fits its cost
+model to the points (asp_npu/sim/calibrate.py); this command joins the two and writes the file.
+"""
+
+from __future__ import annotations
+
+from asp_npu.cli import command_parser
+from asp_npu.config import load_config
+from asp_npu.errors import UserError
+from asp_npu.io import atomic_write_json, check_writable
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("calibrate", "measure the local vLLM engine for the simulator's cpu preset")
+    parser.add_argument("--config", required=True, help="YAML config (model, generate_config)")
+    parser.add_argument("--out", required=True, help="calibration JSON to write (asp-calib/1)")
+    parser.add_argument("--quick", action="store_true", help="fewer points (CI / smoke test)")
+    parser.add_argument("--repeats", type=int, default=2, help="measurements per point (median)")
+    parser.add_argument("overrides", nargs="*", help="config overrides key=value")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise UserError("--repeats must be >= 1")
+    check_writable(args.out)
+    cfg = load_config(args.config, args.overrides)
+    from asp_npu.rollout.calibrate import measure_config
+    from asp_npu.sim.calibrate import calibration
+
+    measured = measure_config(cfg, quick=args.quick, repeats=args.repeats)
+    result = calibration(measured.model, measured.points, measured.meta)
+    atomic_write_json(args.out, result, indent=1)
+    s = result["decode_step_s"]
+    print(
+        f"wrote {args.out}: decode step = {s['a'] * 1e3:.3f} ms + {s['b_per_seq'] * 1e3:.4f} ms/seq "
+        f"+ {s['c_per_kv_token'] * 1e6:.4f} us/KV token; "
+        f"prefill {result['prefill_s_per_token'] or 0:.2e} s/token; refresh {result['refresh_s'] or 0:.3f} s"
+    )
+    return 0

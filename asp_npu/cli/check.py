@@ -1,0 +1,86 @@
+"""`asp-npu check --config FILE [--nodes N --npus-per-node M]`: validate a config for a cluster
+before queueing for it, without touching hardware (what is checked: asp_npu/deploy/check.py).
+
+A bad config lists every problem on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from asp_npu.cli import command_parser
+from asp_npu.config import load_config
+from asp_npu.deploy.check import check, format_layout, sim_estimate
+from asp_npu.deploy.layout import card_for
+from asp_npu.errors import UserError
+
+
+def main(argv: list[str]) -> int:
+    p = command_parser("check", "validate a config against a cluster without touching hardware")
+    p.add_argument("--config", required=True, help="YAML config (e.g. configs/npu/qwen25_7b_a2_1node.yaml)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes in the cluster (default: trainer.nnodes)")
+    p.add_argument(
+        "--npus-per-node",
+        type=int,
+        default=None,
+        help="NPUs per node (default: trainer.n_devices_per_node, else the card's)",
+    )
+    p.add_argument("--card", default=None, help="910b | 910b4 | a2 | a3 (default: trainer.card)")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulator's estimate")
+    p.add_argument("--json", action="store_true", help="print the layout as JSON instead of tables")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides, check=False)
+    card_name = args.card if args.card is not None else cfg.trainer.card
+    try:
+        per_node_default = card_for(card_name).npus_per_node
+    except KeyError as exc:
+        raise UserError(str(exc.args[0])) from None
+    nodes = args.nodes if args.nodes is not None else cfg.trainer.nnodes
+    per_node = (
+        args.npus_per_node
+        if args.npus_per_node is not None
+        else (cfg.trainer.n_devices_per_node or per_node_default)
+    )
+    if nodes < 1 or per_node < 1:
+        raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
+    lay = check(cfg, nodes, per_node, card_name)
+    sim_rows, sim_note = (
+        (None, "skipped (--no-sim)") if args.no_sim or lay.problems else sim_estimate(cfg, lay)
+    )
+    if args.json:
+        print(json.dumps({**lay.to_dict(), "simulator": sim_rows, "simulator_note": sim_note}, indent=1))
+    else:
+        print(f"asp-npu check: {args.config}")
+        print(format_layout(cfg, lay))
+        if not lay.problems:
+            print("")
+            if sim_rows:
+                print(sim_note)
+                w = max(len(r["mode"]) for r in sim_rows)
+                print(f"{'mode':<{w}}  {'iteration (s)':>13}  {'throughput (tok/s)':>18}  layout")
+                for r in sim_rows:
+                    print(
+                        f"{r['mode']:<{w}}  {r['iteration_s']:>13.1f}  {r['throughput_tok_s']:>18,.0f}  "
+                        f"{r['layout']}"
+                    )
+                if len(sim_rows) == 2 and sim_rows[1]["throughput_tok_s"] > 0:
+                    ratio = sim_rows[0]["throughput_tok_s"] / sim_rows[1]["throughput_tok_s"]
+                    print(f"asp / mindspeed-sync throughput: {ratio:.2f}x")
+            else:
+                print(f"simulator: {sim_note}")
+        for w_ in lay.warnings:
+            print(f"warning: {w_}")
+    if lay.problems:
+        for prob in lay.problems:
+            print(f"asp-npu check: problem: {prob}", file=sys.stderr)
+        print(
+            f"asp-npu check: error: {len(lay.problems)} problem(s) in {args.config} for {nodes} node(s) x "
+            f"{per_node} NPUs",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.json:
+        print(f"OK: {args.config} fits {nodes} node(s) x {per_node} NPUs")
+    return 0

@@ -1,0 +1,19 @@
+"""`asp-npu init-model --out DIR`: build a local tokenizer + random Qwen2 model (no download)."""
+
+from __future__ import annotations
+
+from asp_npu.cli import command_parser
+from asp_npu.data.init_model import SIZES, build_model_dir, count_params
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("init-model", "build a local tokenizer + random Qwen2 model (no download)")
+    parser.add_argument("--out", required=True, help="folder to create (HF layout)")
+    parser.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    args = parser.parse_args(argv)
+    out = build_model_dir(args.out, args.size, args.seed, args.force)
+    n_params = count_params(out)
+    print(f"wrote {out} ({args.size}, {n_params / 1e6:.2f}M parameters)")
+    return 0

@@ -1,0 +1,19 @@
+"""`asp-npu report RUN_DIR [--out PNG]`: redraw the one-page report of a run directory."""
+
+from __future__ import annotations
+
+from asp_npu.cli import command_parser
+from asp_npu.io import check_writable
+from asp_npu.observe.report import draw_report
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("report", "redraw the one-page report (PNG) of a run directory")
+    parser.add_argument("run_dir", help="a run directory written by `asp-npu train` or `asp-npu bench real`")
+    parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/report.png)")
+    args = parser.parse_args(argv)
+    if args.out is not None:
+        check_writable(args.out)
+    path = draw_report(args.run_dir, args.out)
+    print(f"report written to {path}")
+    return 0

@@ -1,0 +1,34 @@
+"""`asp-npu train --config FILE [key=value ...]`: GRPO with the ASP asynchronous pipeline.
+
+The config is loaded and checked against this machine (preflight) before anything is built or
+started, so a bad value costs one line and no half-made run directory (asp_npu/pipeline/train.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asp_npu.cli import command_parser
+from asp_npu.config import load_config
+from asp_npu.pipeline import run_dir as rd
+from asp_npu.pipeline.preflight import preflight
+from asp_npu.pipeline.train import train
+
+
+def main(argv: list[str]) -> int:
+    parser = command_parser("train", "GRPO training with the ASP asynchronous pipeline")
+    parser.add_argument("--config", default=None, help="YAML config (e.g. configs/cpu_tiny.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl_config.max_lag=2")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides, check=False)
+    kind = preflight(cfg)
+    summary = train(cfg, kind)
+    run = Path(cfg.trainer.run_dir)
+    print(
+        f"done: {summary['steps']} steps, {summary['throughput_tokens_per_s']:.0f} tokens/s, "
+        f"final reward {summary['final_reward']:.3f}, "
+        f"lag max {summary['lag_max']} (bound {summary['max_lag']})"
+    )
+    print(f"report: {run / rd.REPORT}")
+    print(f"run directory: {run} (metrics.jsonl, tensorboard/, timeline.json, checkpoints/)")
+    return 0
