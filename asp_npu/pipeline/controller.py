@@ -36,10 +36,13 @@ from typing import Any
 import numpy as np
 
 from asp_npu.config import Config
+from asp_npu.core import run_dir as rd
+from asp_npu.core.modes import Mode as ModeSpec
+from asp_npu.core.modes import mode_spec
+from asp_npu.core.shape import RunShape
 from asp_npu.errors import UserError
 from asp_npu.observe import metrics as M
-from asp_npu.pipeline import run_dir as rd
-from asp_npu.pipeline.modes import ModeSpec, instance_count, max_lag, mode_spec, steps_per_version
+from asp_npu.pipeline.modes import instance_count
 from asp_npu.pipeline.preflight import window_prompts
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
 from asp_npu.schedule.dispatch import StreamDispatcher
@@ -121,8 +124,8 @@ class Controller:
         self.W = window_prompts(cfg)
         self.steps_per_window = self.W * self.G // self.M
         self.total_steps = cfg.trainer.train_iters * self.steps_per_window
-        self.k = steps_per_version(cfg, self.spec, self.W)
-        self.max_lag = max_lag(cfg, self.spec)
+        shape = RunShape.from_config(cfg, mode=self.spec)
+        self.k, self.max_lag = shape.steps_per_version, shape.max_lag
         # a colocated trainer refreshes idle engines; in flight only matters while sequences run
         self.drain = self.spec.colocated or rl.weight_refresh_mode == "drain"
         self.slots = cfg.generate_config.max_num_seqs

@@ -1,6 +1,6 @@
 """The TrainQueue as a Ray actor: rollout instances put finished groups, the controller admits and takes.
 
-A thin wrapper on the wall clock around `asp_npu.pipeline.train_queue.TrainQueue` (the exact class
+A thin wrapper on the wall clock around `asp_npu.core.train_queue.TrainQueue` (the exact class
 the simulator drives on its virtual clock), so admission, the lag ledger and the occupancy/lag
 metrics are the same code in both. What the wrapper adds is only what crossing processes needs:
 whole units admitted all-or-none, groups assembled from `list[Trajectory]` (the sink protocol of
@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from asp_npu.pipeline.train_queue import TrainQueue
+from asp_npu.core.train_queue import TrainQueue
 from asp_npu.types import Trajectory
 
 WARMUP_PREFIX = "__warmup__"

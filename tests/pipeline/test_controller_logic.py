@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from asp_npu.observe.bubbles import account
 from asp_npu.pipeline.bench_cli import aggregate, table
 from asp_npu.pipeline.controller import window_stream
-from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec, steps_per_version
+from asp_npu.core.shape import RunShape
+from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec
 from asp_npu.pipeline.queue_actor import QueueService
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log, instance_states
 from asp_npu.types import PromptItem, Trajectory
@@ -127,8 +128,10 @@ def test_mode_specs():
 
     cfg = Config()
     cfg.rl_config.mini_batch_size, cfg.rl_config.n_samples_per_prompt = 32, 8
-    assert steps_per_version(cfg, mode_spec("mindspeed-sync"), window_groups=16) == 4
-    assert steps_per_version(cfg, mode_spec("asp"), window_groups=16) == 1
+    cfg.rl_config.global_batch_size = 16
+    assert RunShape.from_config(cfg, mode=mode_spec("mindspeed-sync")).steps_per_version == 4
+    shape = RunShape.from_config(cfg, mode=mode_spec("asp"))
+    assert (shape.steps_per_version, shape.steps_per_window, shape.version_groups) == (1, 4, 4)
     with pytest.raises(Exception, match="verl-sync"):
         mode_spec("verl-sync")
     # the admission setting picks ASP's dispatch; fixed-admission modes ignore it
