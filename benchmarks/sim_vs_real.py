@@ -162,7 +162,7 @@ def dataset_info(raw: Mapping[str, Any], s: RunSettings, need_lengths: bool) -> 
     order: Callable[[int], list[GroupKey]] | None = None
     note = "dataset rebuilt"
     try:
-        from asp_npu.pipeline.controller import window_stream
+        from asp_npu.core.window import window_stream
 
         get = window_stream(prompts, s.prompts_per_iteration, s.data_seed)
         order = lambda w: [split_group_id(it.prompt_id) for it in get(w)]  # noqa: E731

@@ -13,6 +13,7 @@ trainer step time they know). The mode row decides the rest:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from asp_npu.core.modes import Mode
-from asp_npu.core.records import Unit
+from asp_npu.core.records import GroupKey, Unit
 from asp_npu.schedule.baselines import fifo_plan
 from asp_npu.schedule.plan import Groups, RolloutPlan
 from asp_npu.schedule.planner import PlannerConfig, plan
+from asp_npu.types import PromptItem
 
 
 @dataclass
@@ -84,3 +86,33 @@ class WindowPlanner:
         u = Unit(self.next_uid, window, groups, self.G, instance, tokens, q90)
         self.next_uid += 1
         return u
+
+
+def window_stream(prompts: list[PromptItem], window: int, seed: int) -> Callable[[int], list[PromptItem]]:
+    """Window w's prompts: epochs are seeded permutations of the dataset, cut into consecutive windows.
+
+    Each returned item is a copy whose id is its group's wire id (`str(GroupKey(prompt_id, epoch))`),
+    so the same prompt in two epochs is two groups; `meta["base_id"]`/`meta["epoch"]` keep what the
+    predictor needs.
+    """
+    n = len(prompts)
+    cache: dict[int, list[int]] = {}
+
+    def order(epoch: int) -> list[int]:
+        if epoch not in cache:
+            idx = list(range(n))
+            random.Random(seed * 1_000_003 + epoch).shuffle(idx)
+            cache[epoch] = idx
+        return cache[epoch]
+
+    def get(w: int) -> list[PromptItem]:
+        out = []
+        for pos in range(w * window, (w + 1) * window):
+            epoch, k = divmod(pos, n)
+            base = prompts[order(epoch)[k]]
+            meta = {**base.meta, "epoch": epoch, "base_id": base.prompt_id}
+            out.append(PromptItem(str(GroupKey(base.prompt_id, epoch)), base.prompt_token_ids, base.text,
+                                  base.ground_truth, meta))
+        return out
+
+    return get
