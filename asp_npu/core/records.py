@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
+
+K = TypeVar("K", bound=Hashable)  # a driver's group id: the pipeline's wire id, the simulator's index
 
 
 class GroupKey(NamedTuple):
@@ -39,7 +41,7 @@ class GroupKey(NamedTuple):
 
 
 @dataclass(frozen=True, eq=False)
-class Unit:
+class Unit(Generic[K]):
     """One dispatch unit of a planning window: whole groups an instance starts together (unit
     admission) or in order (continuous admission). Compared by identity: two units never alias.
 
@@ -49,14 +51,14 @@ class Unit:
 
     uid: int
     window: int
-    groups: tuple[Hashable, ...]
+    groups: tuple[K, ...]
     group_size: int
     instance: int = -1
     predicted_tokens: float = 0.0  # planner's predicted response tokens of all its samples
     q90: float = 0.0  # longest predicted q90 among its groups (the stream dispatcher's weight)
 
     @property
-    def samples(self) -> tuple[tuple[Hashable, int], ...]:
+    def samples(self) -> tuple[tuple[K, int], ...]:
         """(group id, sample index) of every sample, group-major (the order an instance starts them)."""
         return tuple((g, k) for g in self.groups for k in range(self.group_size))
 

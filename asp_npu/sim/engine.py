@@ -32,7 +32,7 @@ from asp_npu.sim.workload import Workload
 _INST, _REFRESH_DONE, _TRAIN_END, _TRAINER_FREE = range(4)
 
 # A work source returns window `it`'s units (groups = the workload's group indices), in dispatch order.
-UnitSource = Callable[[int], list[Unit]]
+UnitSource = Callable[[int], list[Unit[int]]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class WorkPool:
         self.next_window += 1
         return True
 
-    def peek(self, i: int) -> Unit | None:
+    def peek(self, i: int) -> Unit[int] | None:
         """Instance i's next unit (planning windows as needed), None when none may start now."""
         while True:
             u = self.feed.peek(i)
@@ -85,7 +85,7 @@ class WorkPool:
             if not self._materialize_next():
                 return None
 
-    def pop(self, unit: Unit) -> None:
+    def pop(self, unit: Unit[int]) -> None:
         self.feed.take(unit)
 
 

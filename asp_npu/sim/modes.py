@@ -153,7 +153,7 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
 def static_source(workload: Workload, instances: int, how: str) -> UnitSource:
     """Per-instance work of one iteration: `chunk` = contiguous shares, `round_robin` = dealt in turn."""
 
-    def units_for(it: int) -> list[Unit]:
+    def units_for(it: int) -> list[Unit[int]]:
         g = workload.iteration_groups(it)
         if how == "chunk":
             parts = np.array_split(g, instances)
@@ -167,7 +167,7 @@ def static_source(workload: Workload, instances: int, how: str) -> UnitSource:
 def pull_source(workload: Workload) -> UnitSource:
     """One global FIFO of single groups in data-loader order."""
 
-    def units_for(it: int) -> list[Unit]:
+    def units_for(it: int) -> list[Unit[int]]:
         groups = workload.iteration_groups(it).tolist()
         return [Unit(j, it, (g,), workload.group_size) for j, g in enumerate(groups)]
 

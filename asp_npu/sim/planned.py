@@ -7,6 +7,8 @@ same call the Ray controller makes. The simulator then executes the units agains
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from asp_npu.core.modes import Mode
@@ -62,7 +64,7 @@ class PlannedSource:
     def n_windows(self) -> int:
         return -(-self.w.num_iterations // self.window)
 
-    def __call__(self, window: int) -> list[Unit]:
+    def __call__(self, window: int) -> list[Unit[int]]:
         """Plan window `window` (iterations window*W .. window*W + W - 1)."""
         w = self.w
         its = range(window * self.window, min((window + 1) * self.window, w.num_iterations))
@@ -80,7 +82,8 @@ class PlannedSource:
 def planner_config(workload: Workload, cost: SimCost | None, instances: int, slots: int,
                    minibatch_samples: int, max_lag: int, seed: int = 0) -> PlannerConfig:
     """The planner settings of a simulated run (cost model = the simulator's decode cost)."""
-    extra = {} if cost is None else \
-        {"seed": seed, "cost": CostModel(cost.decode_a, cost.decode_b, cost.decode_c)}
-    return PlannerConfig(num_instances=instances, minibatch=minibatch_samples, group_size=workload.group_size,
-                         max_num_seqs=slots, max_lag=max_lag, **extra)
+    cfg = PlannerConfig(num_instances=instances, minibatch=minibatch_samples, group_size=workload.group_size,
+                        max_num_seqs=slots, max_lag=max_lag)
+    if cost is None:
+        return cfg
+    return replace(cfg, seed=seed, cost=CostModel(cost.decode_a, cost.decode_b, cost.decode_c))

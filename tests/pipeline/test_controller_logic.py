@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asp_npu.core.records import GroupKey
 from asp_npu.core.shape import RunShape
 from asp_npu.core.window import window_stream
 from asp_npu.observe.bubbles import account
@@ -30,8 +31,8 @@ def test_window_stream_covers_each_epoch_once(n, window, windows, seed):
     ids = [it.prompt_id for it in items]
     assert len(ids) == len(set(ids)) == window * windows  # unique group ids across the run
     for it in items:
-        base, epoch = it.prompt_id.rsplit("@", 1)
-        assert it.meta["base_id"] == base and it.meta["epoch"] == int(epoch)
+        key = GroupKey.parse(it.prompt_id)
+        assert it.meta["base_id"] == key.prompt_id and it.meta["epoch"] == key.epoch
     by_epoch: dict[int, list[str]] = {}
     for it in items:
         by_epoch.setdefault(it.meta["epoch"], []).append(it.meta["base_id"])
