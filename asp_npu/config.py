@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asp_npu.core.modes import COLOCATED_MODES, MODES  # the one mode table
 from asp_npu.errors import ConfigError, UserError
-
-MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "verl-sync")
-COLOCATED_MODES = ("mindspeed-sync", "verl-sync")  # rollout and training share every device in turn
 
 
 @dataclass
@@ -333,3 +331,19 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def config_from_mapping(raw: Any, source: str = "config") -> Config:
+    """An already-parsed config (e.g. a run directory's config.yaml snapshot) -> Config over the defaults;
+    unknown keys and wrong types are ConfigErrors naming `source`. Not validated (see `validate`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(dict(raw)))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"{source}: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from None

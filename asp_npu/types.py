@@ -1,7 +1,8 @@
 """Core records that cross process boundaries (Ray actors, files).
 
 Plain dataclasses of Python scalars/lists so they pickle cheaply through Ray and serialise to JSON.
-The plan types (`DispatchUnit`, `RolloutPlan`) live in `asp_npu.schedule.plan`.
+The plan types (`DispatchUnit`, `RolloutPlan`) live in `asp_npu.schedule.plan`; the records the
+simulator and the pipeline share (`GroupKey`, `Unit`, `Arrival`, `Minibatch`) in `asp_npu.core.records`.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def dataset_info(raw: Mapping[str, Any], s: RunSettings, need_lengths: bool) -> 
     order: Callable[[int], list[GroupKey]] | None = None
     note = "dataset rebuilt"
     try:
-        from asp_npu.pipeline.controller import window_stream
+        from asp_npu.core.window import window_stream
 
         get = window_stream(prompts, s.prompts_per_iteration, s.data_seed)
         order = lambda w: [split_group_id(it.prompt_id) for it in get(w)]  # noqa: E731
@@ -289,7 +289,7 @@ def compare_run(
         cost["train_s_per_token"] = trainer_cost_from_run(updates, lengths, plens, layout.trainer_devices)
         sources["train_s_per_token"] = f"run metrics ({len(updates)} steps of timing/update)"
     sources["to_train_s"] = sources["to_infer_s"] = f"preset {base} fallback"
-    if SIM_SPECS[sim_mode].colocated and "switch" in run_costs and (run / "events.json").is_file():
+    if SIM_SPECS[sim_mode].colocated_in_sim and "switch" in run_costs and (run / "events.json").is_file():
         sw = switch_costs_from_events(json.loads((run / "events.json").read_text(encoding="utf-8")))
         if sw is not None:
             cost["to_train_s"], cost["to_infer_s"] = sw[0], sw[1]
@@ -327,7 +327,7 @@ def compare_run(
             "instances": layout.instances,
             "instance_devices": layout.instance_devices,
             "trainer_devices": layout.trainer_devices,
-            "colocated": SIM_SPECS[sim_mode].colocated,
+            "colocated": SIM_SPECS[sim_mode].colocated_in_sim,
             "cores": cores,
         },
         "costs": out_cost,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
-from asp_npu.pipeline import run_dir as rd
+from asp_npu.core import run_dir as rd
 from asp_npu.pipeline.preflight import preflight
 from asp_npu.pipeline.train import train
 

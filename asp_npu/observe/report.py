@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from asp_npu.core import run_dir as rd
 from asp_npu.observe.metrics import (
     E2E_TPS,
     LAG_MAX,
@@ -21,7 +22,6 @@ from asp_npu.observe.metrics import (
     VLLM_TPS,
     read_metrics,
 )
-from asp_npu.pipeline import run_dir as rd
 
 BUBBLE_KINDS = ("utilization", "padding", "skewness", "sorting")
 

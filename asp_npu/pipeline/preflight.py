@@ -11,25 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from asp_npu.config import MODES, Config, validate
+from asp_npu.core.modes import COLOCATED_MODES, REAL_MODES
+from asp_npu.core.shape import RunShape, shape_problems, trainer_world, window_prompts
 from asp_npu.device import DeviceKind, available_devices, detect
 from asp_npu.errors import ConfigError
-from asp_npu.pipeline.modes import REAL_MODES
 
-COLOCATED_MODES = ("mindspeed-sync", "verl-sync")
-
-
-def window_prompts(cfg: Config) -> int:
-    """Prompts per planning window (MindSpeed-RL global_batch_size; 0 = one minibatch of groups)."""
-    rl = cfg.rl_config
-    return rl.global_batch_size or max(1, rl.mini_batch_size // max(1, rl.n_samples_per_prompt))
+__all__ = ["device_problems", "preflight", "resume_problems", "resume_step", "window_prompts"]
 
 
 def device_problems(cfg: Config, kind: DeviceKind, devices_per_node: int) -> list[str]:
     """Instances and trainer ranks against the devices (CPU: cores) the run may use."""
-    gen, act = cfg.generate_config, cfg.actor_config
+    gen = cfg.generate_config
     total = devices_per_node * max(1, cfg.trainer.nnodes)
     rollout = gen.num_instances * gen.infer_tensor_parallel_size
-    world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+    world = trainer_world(cfg)
     where = f"{total} {'cores' if kind == 'cpu' else kind + ' devices'}"
     problems = []
     if rollout > total:
@@ -56,13 +51,7 @@ def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
     model = Path(cfg.model.path)
     if model.exists() and not (model / "config.json").is_file():
         problems.append(f"model.path: '{cfg.model.path}' is not an HF model folder (no config.json)")
-    if rl.n_samples_per_prompt >= 1 and rl.mini_batch_size >= 1 and rl.global_batch_size:
-        samples = rl.global_batch_size * rl.n_samples_per_prompt
-        if samples % rl.mini_batch_size:
-            problems.append(
-                f"rl_config.global_batch_size: {rl.global_batch_size} prompts x {rl.n_samples_per_prompt} "
-                f"samples is not a whole number of minibatches of {rl.mini_batch_size}"
-            )
+    problems += [p for p in shape_problems(cfg) if p.startswith("rl_config.global_batch_size")]
     if rl.mode in MODES and rl.mode not in REAL_MODES:
         real = ", ".join(REAL_MODES)
         problems.append(f"rl_config.mode: '{rl.mode}' runs only in the simulator (real: {real})")
@@ -95,18 +84,13 @@ def resume_step(cfg: Config) -> int:
 
 def resume_problems(cfg: Config) -> list[str]:
     """A resumed run continues at an iteration (planning window) and weight-refresh boundary."""
-    from asp_npu.pipeline.modes import mode_spec, steps_per_version
-
     load = cfg.actor_config.load
     try:
         step = resume_step(cfg)
     except ConfigError as exc:
         return [str(exc)]
-    rl = cfg.rl_config
-    window = window_prompts(cfg)
-    per_window = window * rl.n_samples_per_prompt // rl.mini_batch_size
-    k = steps_per_version(cfg, mode_spec(rl.mode), window)
-    total = cfg.trainer.train_iters * per_window
+    shape = RunShape.from_config(cfg)
+    per_window, k, total = shape.steps_per_window, shape.steps_per_version, shape.total_steps
     if step % per_window or step % k:
         return [f"actor_config.load: '{load}' is at step {step}; a run resumes at an iteration boundary "
                 f"(a multiple of {per_window} steps and of the refresh interval {k}): set trainer.save_freq "

@@ -1,12 +1,13 @@
 """The TrainQueue as a Ray actor: rollout instances put finished groups, the controller admits and takes.
 
-A thin wrapper on the wall clock around `asp_npu.pipeline.train_queue.TrainQueue` (the exact class
+A thin wrapper on the wall clock around `asp_npu.core.train_queue.TrainQueue` (the exact class
 the simulator drives on its virtual clock), so admission, the lag ledger and the occupancy/lag
 metrics are the same code in both. What the wrapper adds is only what crossing processes needs:
 whole units admitted all-or-none, groups assembled from `list[Trajectory]` (the sink protocol of
 `RolloutInstance`), a waitable `get_batch`, and an arrivals log the controller polls for progress.
 
-Group ids are the instance-level prompt ids (`<prompt_id>@<epoch>`), unique within a run.
+Group ids are the instance-level prompt ids (`str(GroupKey)`: `<prompt_id>@<epoch>`), unique within a
+run. Messages to the driver are `asp_npu.core.records.Arrival` and `Minibatch`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import asyncio
 import time
 from typing import Any
 
-from asp_npu.pipeline.train_queue import TrainQueue
+from asp_npu.core.records import Arrival, Minibatch
+from asp_npu.core.train_queue import TrainQueue
 from asp_npu.types import Trajectory
 
 WARMUP_PREFIX = "__warmup__"
@@ -29,7 +31,7 @@ class QueueService:
     ) -> None:
         self.queue = TrainQueue(minibatch_groups, version_groups, max_lag, order=order, clock=time.time)
         self.group_size = group_size
-        self.arrivals: list[dict[str, Any]] = []  # one row per put group, in arrival order
+        self.arrivals: list[Arrival] = []  # one per put group, in arrival order
         self.handouts: list[dict[str, Any]] = []
         self._changed: asyncio.Event | None = None
         self.wakes = 0
@@ -77,30 +79,25 @@ class QueueService:
             return len(self.arrivals)
         tokens = sum(x.response_len for x in group)
         self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
-        self.arrivals.append({
-            "group": gid, "t": time.time(), "instance": t.instance, "samples": len(group), "tokens": tokens,
-            "versions": sorted({x.policy_version for x in group}), "lens": [x.response_len for x in group],
-            "prompt_len": len(t.prompt_token_ids),
-        })
+        self.arrivals.append(Arrival(
+            gid, time.time(), t.instance, len(group), tokens,
+            tuple(sorted({x.policy_version for x in group})), tuple(x.response_len for x in group),
+            len(t.prompt_token_ids)))
         self._notify()
         return len(self.arrivals)
 
-    async def get_batch(self, timeout: float = 0.0, take: int | None = None) -> dict[str, Any] | None:
-        """A complete minibatch of whole groups within the lag bound, waiting up to `timeout` seconds.
-
-        Returns `{"step", "trajectories", "lags" (per group, by admitted version), "queued_before", "t"}`.
-        """
+    async def get_batch(self, timeout: float = 0.0, take: int | None = None) -> Minibatch | None:
+        """A complete minibatch of whole groups within the lag bound, waiting up to `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             queued_before = self.queue.n_queued
             h = self.queue.get(take=take)
             if h is not None:
-                trajs = [t for g in h.groups for t in g.payload]
-                row = {"step": h.step, "t": h.t, "groups": [g.group_id for g in h.groups],
-                       "queued_before": queued_before, "lags": h.lags}
-                self.handouts.append(row)
+                mb = Minibatch(h.step, h.t, tuple(g.group_id for g in h.groups), tuple(h.lags), queued_before,
+                               [t for g in h.groups for t in g.payload])
+                self.handouts.append(mb.row())
                 self._notify()
-                return {**row, "trajectories": trajs}
+                return mb
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -111,9 +108,9 @@ class QueueService:
 
     async def wait_arrivals(
         self, since: int, timeout: float, wakes_seen: int | None = None
-    ) -> dict[str, Any]:
+    ) -> tuple[list[Arrival], int]:
         """Arrivals after index `since`, waiting up to `timeout` seconds for at least one, or for a
-        `wake()` after `wakes_seen`. Returns `{"rows": [...], "wakes": n}`; the controller blocks here
+        `wake()` after `wakes_seen`. Returns (the arrivals, the wake count); the controller blocks here
         between events instead of polling."""
         def due() -> bool:
             return len(self.arrivals) > since or (wakes_seen is not None and self.wakes > wakes_seen)
@@ -127,7 +124,7 @@ class QueueService:
                 await asyncio.wait_for(self._event().wait(), left)
             except TimeoutError:
                 break
-        return {"rows": self.arrivals[since:], "wakes": self.wakes}
+        return self.arrivals[since:], self.wakes
 
     async def state(self) -> dict[str, Any]:
         q = self.queue

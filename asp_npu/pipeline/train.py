@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.config import Config, to_dict
-from asp_npu.pipeline import run_dir as rd
+from asp_npu.core import run_dir as rd
 
 
 def config_yaml(cfg: Config) -> str:

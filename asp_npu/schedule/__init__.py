@@ -68,7 +68,7 @@ Quality on actual lengths -- `asp_npu.schedule.quality.plan_quality(plan, actual
 
 Lag bound, precisely (what "the plan respects max_lag" means; `asp_npu.schedule.timeline` models it,
 `planner.check_lag_bound(plan, cfg)` checks a finished plan independently; same rule as the
-pipeline's `asp_npu.pipeline.staleness`):
+pipeline's `asp_npu.core.staleness`):
 - a unit of n samples planned to start at time t on its instance was admissible then:
   `admitted_before(t) + n <= (max_lag + version(t) + 1) * M` (AReaL's staleness rule; version(t) =
   planned trainer steps ended by t, weights refreshed at once). The planner delays a start until it

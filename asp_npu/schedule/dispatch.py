@@ -3,7 +3,7 @@
 One module that both the simulator (`asp_npu.sim`) and the real pipeline controller call, so what is
 measured is what runs. An executor that streams groups into vLLM's continuous-batching queue does not
 run "units" one at a time: every instance keeps its slots full and a version's admissions arrive in
-one burst when the lag ledger opens (`asp_npu.pipeline.staleness`). Two things then decide how fast the
+one burst when the lag ledger opens (`asp_npu.core.staleness`). Two things then decide how fast the
 slowest group of a version finishes -- and that group gates trainer step `version + max_lag`:
 
 - *skewness of the tail*: a decode step costs `a + b*running + c*kv_tokens` (`schedule.cost`); an

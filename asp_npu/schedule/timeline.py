@@ -2,7 +2,7 @@
 
 This is the model in which a plan is "predicted" (start/finish per unit, trainer steps) and in which
 "respects the lag bound" is defined (package docstring), consistent with the pipeline's TrainQueue
-(`asp_npu.pipeline.staleness`):
+(`asp_npu.core.staleness`):
 
 - admission: a unit of n samples may start at time t only if `admitted + n <= (max_lag + v + 1) * M`,
   v = trainer steps ended by t (the weights version; refresh is immediate); the remainder unit (the

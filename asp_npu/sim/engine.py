@@ -5,11 +5,11 @@ next sequence completion is closed-form (`cost.decode_seconds`); admissions, wei
 colocated switches happen at step boundaries (`cost.steps_to_reach`). Events are (time, kind,
 instance, tag); a tag change invalidates an instance's stale completion event.
 
-What differs between modes is data, not code paths (`ModeSpec` in `asp_npu.sim.modes`): where an
+What differs between modes is data, not code paths (the mode table, `asp_npu.core.modes`): where an
 instance gets its next work (a static per-instance list -- contiguous shares, round-robin or the ASP
 plan -- or a global FIFO it pulls from), whether it runs one unit at a time or streams, the lag
 bound and refresh period, a rollout barrier per iteration, colocated switching, and the trainer's
-padding model. Admission and lag always go through `asp_npu.pipeline.train_queue.TrainQueue`, and
+padding model. Admission and lag always go through `asp_npu.core.train_queue.TrainQueue`, and
 the run is recorded in an `asp_npu.observe.events.EventLog` for the one bubble accounting.
 """
 
@@ -22,15 +22,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asp_npu.core.feed import Feed, make_feed
+from asp_npu.core.records import Unit
+from asp_npu.core.train_queue import TrainQueue
 from asp_npu.observe.events import EventLog
-from asp_npu.pipeline.train_queue import TrainQueue
 from asp_npu.sim.cost import SimCost, decode_seconds, steps_to_reach, train_seconds
 from asp_npu.sim.workload import Workload
 
 _INST, _REFRESH_DONE, _TRAIN_END, _TRAINER_FREE = range(4)
 
-# A work source returns, for (iteration, instance), the ordered units (lists of group ids).
-UnitSource = Callable[[int], list[list[list[int]]]]
+# A work source returns window `it`'s units (groups = the workload's group indices), in dispatch order.
+UnitSource = Callable[[int], list[Unit[int]]]
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,8 @@ class RunSpec:
     minibatch_groups: int  # groups per trainer step
     version_groups: int  # groups consumed per weights version (refresh)
     max_lag: int
-    pull: bool = False  # instances pull units from one global FIFO (else: per-instance lists)
-    steal: bool = False  # per-instance lists: an instance out of work takes undispatched units of others
+    dispatch: str = "static"  # the feed (asp_npu.core.feed): static | pull | stream
+    steal: bool = False  # static feed: an instance out of work takes undispatched units of others
     preempt: bool = False  # colocated: training may start while sequences run (suspended, resumed later)
     unit_exec: bool = False  # one unit at a time per instance (else: stream into free slots)
     barrier: bool = False  # iteration i+1 is dispatched only after iteration i is fully generated
@@ -57,71 +59,34 @@ class RunSpec:
 
 
 class WorkPool:
-    """Units not dispatched yet, per window (iteration or planning window).
-
-    Static sources keep one deque per instance; `pull` keeps one global deque (taken in order, or at
-    the index `pick` chooses: the stream dispatcher of `asp_npu.schedule.dispatch`). An instance takes
-    its own next unit from the oldest window that has one; with `steal`, an instance whose own list
-    is empty in the oldest unfinished window takes the last (shortest-planned) unit of the instance
-    with the most left there -- the controller re-binds units not yet sent, never running ones.
+    """The run's feed (`asp_npu.core.feed`, shared with the Ray controller) plus the simulator's window
+    materialisation: window `it` is laid out (`units_for(it)`) when an instance first asks beyond the
+    planned windows and `available(it)` allows it (with a barrier: once the previous one is generated).
     """
 
-    def __init__(
-        self,
-        instances: int,
-        pull: bool,
-        steal: bool,
-        units_for: UnitSource,
-        available: Callable[[int], bool],
-        n_windows: int,
-    ) -> None:
-        self.instances, self.pull, self.steal = instances, pull, steal
-        self.units_for, self.available, self.n_windows = units_for, available, n_windows
-        self.windows: dict[int, list[deque]] = {}
-        self.left: dict[int, int] = {}
+    def __init__(self, feed: Feed, units_for: UnitSource, available: Callable[[int], bool],
+                 n_windows: int) -> None:
+        self.feed, self.units_for, self.available, self.n_windows = feed, units_for, available, n_windows
         self.next_window = 0
-        # pull: `pick(pending group ids of the oldest window, instance)` -> index to take (default: the first)
-        self.pick: Callable[[list[int], int], int] | None = None
 
     def _materialize_next(self) -> bool:
         if not self.available(self.next_window):
             return False
-        it = self.next_window
+        self.feed.add(self.units_for(self.next_window))
         self.next_window += 1
-        per = self.units_for(it)
-        total = sum(len(u) for u in per)
-        if total:
-            self.windows[it] = [deque(u) for u in per]
-            self.left[it] = total
         return True
 
-    def peek(self, i: int) -> tuple[int, list[int], deque, int] | None:
-        """(window, unit, its deque, its position there: 0 first, -1 last, j) of instance i's next unit."""
+    def peek(self, i: int) -> Unit[int] | None:
+        """Instance i's next unit (planning windows as needed), None when none may start now."""
         while True:
-            for it in sorted(self.windows):
-                qs = self.windows[it]
-                if self.pull:
-                    j = 0 if self.pick is None else self.pick([u[0] for u in qs[0]], i)
-                    return it, qs[0][j], qs[0], j
-                if qs[i]:
-                    return it, qs[i][0], qs[i], 0
-                if self.steal:
-                    k = max(range(len(qs)), key=lambda j: len(qs[j]))
-                    return it, qs[k][-1], qs[k], -1
+            u = self.feed.peek(i)
+            if u is not None:
+                return u
             if not self._materialize_next():
                 return None
 
-    def pop(self, ref: tuple[int, list[int], deque, int]) -> None:
-        it, _, q, pos = ref
-        if pos == 0:
-            q.popleft()
-        elif pos == -1:
-            q.pop()
-        else:
-            del q[pos]
-        self.left[it] -= 1
-        if not self.left[it]:
-            del self.left[it], self.windows[it]
+    def pop(self, unit: Unit[int]) -> None:
+        self.feed.take(unit)
 
 
 @dataclass
@@ -194,14 +159,8 @@ class Simulation:
             self.log.add_instance(spec.instance_devices, spec.slots)
         self.events: list = []
         self.seq = 0
-        self.pool = WorkPool(
-            spec.instances,
-            spec.pull,
-            spec.steal,
-            units_for,
-            self._iter_available,
-            n_windows or workload.num_iterations,
-        )
+        feed = make_feed(spec.dispatch, spec.instances, spec.version_groups, spec.steal)
+        self.pool = WorkPool(feed, units_for, self._iter_available, n_windows or workload.num_iterations)
         self.trainer_busy = False
         self.trainer_state = ""
         self.version = 0  # published weights version
@@ -266,6 +225,7 @@ class Simulation:
             self.log.queue(inst.t, self.queue.n_queued, self.queue.n_in_flight)
             it = self.group_iter[g]
             self.iter_left[it] -= 1
+            self.pool.feed.done(g)
             if self.on_group_done is not None:
                 self.on_group_done(g)
             if self.iter_left[it] == 0 and self.spec.barrier:
@@ -305,21 +265,20 @@ class Simulation:
             if spec.unit_exec and inst.unit_left > 0:
                 break  # the unit's stragglers run; the next unit waits (padding)
             if not inst.cur:
-                ref = self.pool.peek(inst.idx)
-                if ref is None:
+                unit = self.pool.peek(inst.idx)
+                if unit is None:
                     state = "drained"  # nothing left (or the next iteration waits for the barrier)
                     break
-                it, unit = ref[0], ref[1]
                 if spec.unit_exec:
-                    if self.queue.capacity(inst.version) < len(unit):
+                    if self.queue.capacity(inst.version) < len(unit.groups):
                         state = "blocked"
                         break
-                    self.pool.pop(ref)
-                    self._admit_groups(inst, it, list(unit))
+                    self.pool.pop(unit)
+                    self._admit_groups(inst, unit.window, list(unit.groups))
                     continue
-                self.pool.pop(ref)
-                inst.cur = deque(unit)
-                inst.cur_iter = it
+                self.pool.pop(unit)
+                inst.cur = deque(unit.groups)
+                inst.cur_iter = unit.window
             if self.queue.capacity(inst.version) < 1:
                 state = "blocked"
                 break

@@ -25,42 +25,19 @@ Every mode gets the same devices and the same prompts. Disaggregated modes all u
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from asp_npu.core.modes import BASELINES, MODES, TABLE, Mode, sim_mode
+from asp_npu.core.records import Unit
 from asp_npu.sim.cost import SimCost
-from asp_npu.sim.engine import RunSpec
+from asp_npu.sim.engine import RunSpec, UnitSource
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload
 
-MODES = ("mindspeed-sync", "verl-sync", "one-step-off", "async-fifo", "sortedrl", "asp")
-BASELINES = ("mindspeed-sync", "verl-sync", "one-step-off", "async-fifo", "sortedrl")
-
-
-@dataclass(frozen=True)
-class ModeSpec:
-    name: str
-    colocated: bool
-    dispatch: str  # chunk | round_robin | pull | plan
-    sync_lag: (
-        int | None
-    )  # lag in whole iterations (sync / one-step-off); None -> preset max_lag per minibatch
-    barrier: bool
-    trainer_padded: bool
-    order: str = "fifo"
-    preempt: bool = False
-
-
-SPECS: dict[str, ModeSpec] = {
-    "mindspeed-sync": ModeSpec("mindspeed-sync", True, "chunk", 0, True, True),
-    "verl-sync": ModeSpec("verl-sync", True, "round_robin", 0, True, False),
-    "one-step-off": ModeSpec("one-step-off", False, "round_robin", 1, True, False),
-    "async-fifo": ModeSpec("async-fifo", False, "pull", None, False, False),
-    "sortedrl": ModeSpec("sortedrl", True, "pull", None, False, False, "shortest", preempt=True),
-    "asp": ModeSpec("asp", False, "plan", None, False, False),
-}
+SPECS: dict[str, Mode] = TABLE  # the one mode table (asp_npu.core.modes); kept under the simulator's old name
+__all__ = ["BASELINES", "MODES", "SPECS", "Layout", "layout_for", "run_spec", "split_devices"]
 
 
 @dataclass(frozen=True)
@@ -130,29 +107,31 @@ def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | N
     instances plus the fixed sweep trainer, and colocated modes get the same number of devices."""
     cl = preset.cluster
     if instances is None:
-        return colocated_layout(preset) if SPECS[mode].colocated else split_devices(preset, workload)
+        return colocated_layout(preset) if SPECS[mode].colocated_in_sim else split_devices(preset, workload)
     devices = instances * cl.infer_tp + cl.sweep_trainer_devices
-    if SPECS[mode].colocated:
+    if SPECS[mode].colocated_in_sim:
         return colocated_layout(preset, devices)
     return Layout(devices, instances, cl.infer_tp, cl.sweep_trainer_devices)
 
 
 def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> RunSpec:
-    ms = SPECS[mode]
+    """The simulator's run of `mode` (its row in the one mode table, under the preset's executor)."""
+    ms = sim_mode(mode, preset.rl.executor)
     per_iter = workload.prompts_per_iteration
-    if ms.sync_lag is not None:
+    if ms.refresh_per_window:  # synchronous / one-step-off: the whole batch is one minibatch and version
         mb = version = per_iter
-        lag = ms.sync_lag
+        lag = ms.fixed_lag if ms.fixed_lag is not None else preset.rl.max_lag
     else:
         mb = preset.rl.mini_batch_size // workload.group_size
         k = preset.rl.sync_every_minibatches
-        if ms.preempt:  # colocated: the rollout uses new weights after every update group
+        if ms.partial_rollout:  # colocated: the rollout uses new weights after every update group
             version, lag = mb, (preset.rl.max_lag + 1) * k - 1  # the same staleness budget in samples
         else:
             version, lag = mb * k, preset.rl.max_lag
+    dealt = bool(ms.deal)
     return RunSpec(
         mode=mode,
-        colocated=ms.colocated,
+        colocated=ms.colocated_in_sim,
         instances=layout.instances,
         slots=preset.cluster.max_num_seqs,
         instance_devices=layout.instance_devices,
@@ -160,37 +139,36 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
         minibatch_groups=mb,
         version_groups=version,
         max_lag=lag,
-        # asp under the stream executor: one global pending list per admission window, the instance
-        # asking for work picks through `asp_npu.schedule.dispatch.StreamDispatcher`
-        pull=ms.dispatch == "pull" or (ms.dispatch == "plan" and preset.rl.executor == "stream"),
-        steal=ms.dispatch == "plan",
-        unit_exec=ms.dispatch in ("plan", "pull") and not ms.colocated and preset.rl.executor == "unit",
-        barrier=ms.barrier,
+        dispatch="static" if dealt else ms.dispatch,
+        steal=ms.steal,
+        unit_exec=ms.admission == "unit" and not dealt and not ms.colocated_in_sim,
+        barrier=ms.refresh_per_window,
         trainer_padded=ms.trainer_padded,
-        order=ms.order,
-        preempt=ms.preempt,
+        order=ms.queue_order,
+        preempt=ms.partial_rollout,
         devices=layout.devices,
     )
 
 
-def static_source(workload: Workload, instances: int, how: str) -> Callable[[int], list[list[list[int]]]]:
+def static_source(workload: Workload, instances: int, how: str) -> UnitSource:
     """Per-instance work of one iteration: `chunk` = contiguous shares, `round_robin` = dealt in turn."""
 
-    def units_for(it: int) -> list[list[list[int]]]:
+    def units_for(it: int) -> list[Unit[int]]:
         g = workload.iteration_groups(it)
         if how == "chunk":
             parts = np.array_split(g, instances)
         else:
             parts = [g[k::instances] for k in range(instances)]
-        return [[p.tolist()] if len(p) else [] for p in parts]
+        return [Unit(k, it, tuple(p.tolist()), workload.group_size, k) for k, p in enumerate(parts) if len(p)]
 
     return units_for
 
 
-def pull_source(workload: Workload) -> Callable[[int], list[list[list[int]]]]:
-    """One global FIFO of single groups in data-loader order (slot [0] of the returned list)."""
+def pull_source(workload: Workload) -> UnitSource:
+    """One global FIFO of single groups in data-loader order."""
 
-    def units_for(it: int) -> list[list[list[int]]]:
-        return [[[int(g)] for g in workload.iteration_groups(it)]]
+    def units_for(it: int) -> list[Unit[int]]:
+        groups = workload.iteration_groups(it).tolist()
+        return [Unit(j, it, (g,), workload.group_size) for j, g in enumerate(groups)]
 
     return units_for

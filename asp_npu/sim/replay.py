@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 
 from asp_npu import io
+from asp_npu.core.modes import REAL_MODES, instances_on
+from asp_npu.core.records import GroupKey
+from asp_npu.core.shape import RunShape, shape_problems
 from asp_npu.errors import UserError
-from asp_npu.pipeline.modes import instances_on
 from asp_npu.sim.modes import SPECS as SIM_SPECS
 from asp_npu.sim.modes import Layout
 from asp_npu.sim.preset import Preset, load_preset
 from asp_npu.sim.workload import Workload
-
-GroupKey = tuple[str, int]  # (prompt_id, epoch): one GRPO group
 
 _STEP_KEYS = ("trainer_step", "step")
 
@@ -74,83 +74,43 @@ class RunSettings:
         return "stream" if self.admission == "continuous" else "unit"
 
 
-def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    sec = raw.get(name) or {}
-    if not isinstance(sec, Mapping):
-        raise UserError(f"config: {name} must be a mapping")
-    return sec
-
-
-def _int(sec: Mapping[str, Any], key: str, default: int, where: str) -> int:
-    v = sec.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise UserError(f"config: {where}.{key} must be an integer (got {v!r})")
-    return v
-
-
 def settings_from_config(raw: Mapping[str, Any]) -> RunSettings:
     """A run's config snapshot (the YAML mapping) -> RunSettings; missing keys take asp_npu.config defaults.
 
-    The mode's own rules (asp_npu.pipeline.modes) decide the effective admission, lag bound and
-    refresh period, exactly as the controller does.
+    The run's shape (`asp_npu.core.shape.RunShape`) decides the effective admission, lag bound and
+    refresh period, exactly as the controller derives them.
     """
-    from asp_npu.config import ActorConfig, DataConfig, GenerateConfig, RLConfig, TrainerConfig
-    from asp_npu.pipeline.modes import SPECS as REAL_SPECS
-    from asp_npu.pipeline.modes import mode_spec
+    from asp_npu.config import config_from_mapping
 
-    gen_d, rl_d, act_d, tr_d, data_d = (
-        GenerateConfig(),
-        RLConfig(),
-        ActorConfig(),
-        TrainerConfig(),
-        DataConfig(),
-    )
-    gen, rl = _section(raw, "generate_config"), _section(raw, "rl_config")
-    act, tr, data = _section(raw, "actor_config"), _section(raw, "trainer"), _section(raw, "data")
-    mode = str(rl.get("mode", rl_d.mode))
-    if mode not in REAL_SPECS:
-        raise UserError(
-            f"config: rl_config.mode '{mode}' is not a real-engine mode ({', '.join(REAL_SPECS)})"
-        )
-    spec = mode_spec(mode, str(gen.get("admission", gen_d.admission)))
-    n = _int(rl, "n_samples_per_prompt", rl_d.n_samples_per_prompt, "rl_config")
-    mbs = _int(rl, "mini_batch_size", rl_d.mini_batch_size, "rl_config")
-    if n < 1 or mbs < n or mbs % n:
-        raise UserError(f"config: rl_config.mini_batch_size {mbs} must hold whole groups of {n}")
-    gbs = _int(rl, "global_batch_size", rl_d.global_batch_size, "rl_config")
-    window = gbs or max(1, mbs // n)
-    if (window * n) % mbs:
-        raise UserError(
-            f"config: a window of {window} prompts x {n} samples is not whole minibatches of {mbs}"
-        )
-    lag = spec.fixed_lag if spec.fixed_lag is not None else _int(rl, "max_lag", rl_d.max_lag, "rl_config")
-    interval = _int(rl, "weight_refresh_interval", rl_d.weight_refresh_interval, "rl_config")
-    k = max(1, window * n // mbs) if spec.refresh_per_window else interval
-    tp = _int(act, "tensor_model_parallel_size", act_d.tensor_model_parallel_size, "actor_config")
-    pp = _int(act, "pipeline_model_parallel_size", act_d.pipeline_model_parallel_size, "actor_config")
-    dp = _int(act, "data_parallel_size", act_d.data_parallel_size, "actor_config")
+    cfg = config_from_mapping(raw)
+    rl, act = cfg.rl_config, cfg.actor_config
+    if rl.mode not in REAL_MODES:
+        real = ", ".join(REAL_MODES)
+        raise UserError(f"config: rl_config.mode '{rl.mode}' is not a real-engine mode ({real})")
+    problems = shape_problems(cfg)
+    if problems:
+        raise UserError(f"config: {problems[0]}")
+    sh = RunShape.from_config(cfg)
     return RunSettings(
-        mode=mode,
-        colocated=spec.colocated,
-        instances=_int(gen, "num_instances", gen_d.num_instances, "generate_config"),
-        infer_tp=_int(gen, "infer_tensor_parallel_size", gen_d.infer_tensor_parallel_size, "generate_config"),
-        max_num_seqs=_int(gen, "max_num_seqs", gen_d.max_num_seqs, "generate_config"),
-        admission=spec.admission,
-        group_size=n,
-        mini_batch_size=mbs,
-        prompts_per_iteration=window,
-        iterations=_int(tr, "train_iters", tr_d.train_iters, "trainer"),
-        max_lag=lag,
-        steps_per_version=k,
-        predictor=str(rl.get("predictor", rl_d.predictor)),
-        micro_batch_size=_int(act, "micro_batch_size", act_d.micro_batch_size, "actor_config"),
-        trainer_world=tp * pp * dp,
-        trainer_dp=dp,
-        trainer_threads=_int(act, "num_threads", act_d.num_threads, "actor_config"),
-        data_seed=_int(data, "seed", data_d.seed, "data"),
-        devices_per_node=_int(tr, "n_devices_per_node", tr_d.n_devices_per_node, "trainer"),
+        mode=rl.mode,
+        colocated=sh.mode.colocated,
+        instances=cfg.generate_config.num_instances,
+        infer_tp=sh.infer_tp,
+        max_num_seqs=sh.slots,
+        admission=sh.mode.admission,
+        group_size=sh.group_size,
+        mini_batch_size=sh.minibatch,
+        prompts_per_iteration=sh.window,
+        iterations=sh.iterations,
+        max_lag=sh.max_lag,
+        steps_per_version=sh.steps_per_version,
+        predictor=rl.predictor,
+        micro_batch_size=act.micro_batch_size,
+        trainer_world=sh.trainer_world,
+        trainer_dp=sh.trainer_dp,
+        trainer_threads=act.num_threads,
+        data_seed=cfg.data.seed,
+        devices_per_node=cfg.trainer.n_devices_per_node,
     )
 
 
@@ -160,11 +120,11 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def split_group_id(gid: str) -> GroupKey:
-    """`<prompt_id>@<epoch>` (the controller's instance-level group id) -> (prompt_id, epoch)."""
-    base, sep, epoch = str(gid).rpartition("@")
-    if not sep or not epoch.isdigit():
-        raise UserError(f"group id '{gid}' is not <prompt_id>@<epoch>")
-    return base, int(epoch)
+    """`<prompt_id>@<epoch>` (the controller's instance-level group id) -> GroupKey."""
+    try:
+        return GroupKey.parse(gid)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def group_lengths(rows: Iterable[Mapping[str, Any]], group_size: int) -> dict[GroupKey, np.ndarray]:
@@ -172,7 +132,7 @@ def group_lengths(rows: Iterable[Mapping[str, Any]], group_size: int) -> dict[Gr
     seen: dict[GroupKey, dict[int, int]] = {}
     for i, r in enumerate(rows, 1):
         try:
-            key = (str(r["prompt_id"]), int(r["epoch"]))
+            key = GroupKey(str(r["prompt_id"]), int(r["epoch"]))
             k, length = int(r["sample_idx"]), int(r["response_len"])
         except (KeyError, TypeError, ValueError):
             raise UserError(f"samples row {i}: needs prompt_id, epoch, sample_idx and response_len") from None
@@ -226,7 +186,7 @@ def windows_from_samples(rows: Sequence[Mapping[str, Any]], steps_per_iteration:
         step = next((r[k] for k in _STEP_KEYS if k in r), None)
         if step is None:
             raise UserError(f"samples row {i}: needs a trainer_step or step field")
-        key = (str(r["prompt_id"]), int(r["epoch"]))
+        key = GroupKey(str(r["prompt_id"]), int(r["epoch"]))
         it = int(step) // steps_per_iteration
         first[key] = min(first.get(key, it), it)
     n_it = max(first.values()) + 1 if first else 0
@@ -296,7 +256,7 @@ def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
     """The simulator layout of the run's devices (on CPU, a device is a core).
 
     Instances: `num_instances` x `infer_tp`; a colocated mode generates on every device
-    (`pipeline.modes.instance_count`) and trains on them. A disaggregated one gets the trainer the
+    (`core.modes.instances_on`) and trains on them. A disaggregated one gets the trainer the
     controller placed (`Controller._place`): `num_threads` per rank, or (cores - rollout cores) //
     ranks, at least one core per rank. When rollout and trainer do not fit in the cores they share
     them (oversubscribed); the simulator cannot model that sharing, so it is only in the trainer cost
@@ -304,7 +264,7 @@ def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
     """
     if sim_mode not in SIM_SPECS:
         raise UserError(f"unknown simulator mode '{sim_mode}'")
-    if SIM_SPECS[sim_mode].colocated:
+    if SIM_SPECS[sim_mode].colocated_in_sim:
         instances = instances_on(s.instances, s.infer_tp, True, s.devices_per_node or cores)
         return Layout(instances * s.infer_tp, instances, s.infer_tp, instances * s.infer_tp)
     rollout = s.instances * s.infer_tp

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from asp_npu.core.modes import sim_mode
 from asp_npu.data.traces import SynthParams, read_trace, synth_trace
 from asp_npu.errors import UserError
 from asp_npu.observe.bubbles import account
-from asp_npu.sim.engine import RunResult, Simulation
+from asp_npu.sim.engine import RunResult, RunSpec, Simulation, UnitSource
 from asp_npu.sim.modes import (
     MODES,
     SPECS,
@@ -22,7 +24,7 @@ from asp_npu.sim.modes import (
     run_spec,
     static_source,
 )
-from asp_npu.sim.planned import FifoUnitSource, PlannedSource
+from asp_npu.sim.planned import PlannedSource, planner_config
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload, from_trace
 
@@ -65,7 +67,7 @@ def simulate(preset: Preset, workload: Workload, mode: str, instances: int | Non
     """
     if mode not in SPECS:
         raise UserError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
-    if instances is None and not SPECS[mode].colocated and preset.cluster.split == "search":
+    if instances is None and not SPECS[mode].colocated_in_sim and preset.cluster.split == "search":
         t0 = time.perf_counter()
         tried = [simulate_layout(preset, workload, mode, lay) for lay in candidate_splits(preset)]
         best = max(tried, key=lambda r: r.metrics["throughput_tokens_per_s"])
@@ -84,45 +86,32 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     """Simulate one mode on a given device layout."""
     t0 = time.perf_counter()
     spec = run_spec(mode, preset, workload, layout)
-    on_done = None
-    n_windows = None
-    pick = None
-    dispatch = SPECS[mode].dispatch
-    if dispatch == "plan":
-        src = PlannedSource(
-            workload,
-            preset.cost,
-            layout.instances,
-            preset.cluster.max_num_seqs,
-            spec.version_groups * workload.group_size,
-            spec.max_lag,
-            layout.trainer_devices,
-            preset.rl.predictor,
-            seed=preset.workload.seed,
-            window=1 if spec.pull else preset.rl.plan_window,  # stream: one admission window
-            stream=spec.pull,
-        )
-        units_for, on_done, n_windows = src, src.observe, src.n_windows
-        pick = src.dispatcher.choose if spec.pull else None
-    elif dispatch == "pull" and spec.unit_exec:
-        fsrc = FifoUnitSource(
-            workload,
-            layout.instances,
-            preset.cluster.max_num_seqs,
-            spec.version_groups * workload.group_size,
-            spec.max_lag,
-            window=preset.rl.plan_window,
-        )
-        units_for, n_windows = fsrc, fsrc.n_windows
-    elif dispatch == "pull":
-        units_for = pull_source(workload)
-    else:
-        units_for = static_source(workload, layout.instances, dispatch)
-    sim = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows)
-    sim.pool.pick = pick
-    res = sim.run()
+    units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
+    res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
     elapsed = time.perf_counter() - t0
     return ModeRun(mode, layout, res, metrics(res, workload), elapsed)
+
+
+def work_source(preset: Preset, workload: Workload, mode: str, spec: RunSpec, layout: Layout
+                ) -> tuple[UnitSource, Callable[[int], None] | None, int | None]:
+    """(units_for, on_group_done, windows) of the mode: a dealt batch, single groups pulled in data
+    order, or the window planner (ASP's plan, or FIFO units of the same size under unit execution)."""
+    ms = sim_mode(mode, preset.rl.executor)
+    if ms.deal:
+        return static_source(workload, layout.instances, ms.deal), None, None
+    slots, mb = preset.cluster.max_num_seqs, spec.version_groups * workload.group_size
+    if ms.planner == "asp":
+        cfg = planner_config(workload, preset.cost, layout.instances, slots, mb, spec.max_lag,
+                             preset.workload.seed)
+        window = 1 if ms.dispatch == "stream" else preset.rl.plan_window  # stream: one admission window
+        src = PlannedSource(workload, ms, cfg, preset.cost, layout.trainer_devices, preset.rl.predictor,
+                            seed=preset.workload.seed, window=window)
+        return src, src.observe, src.n_windows
+    if spec.unit_exec:
+        cfg = planner_config(workload, None, layout.instances, slots, mb, spec.max_lag)
+        fifo = PlannedSource(workload, ms, cfg, predictor=None, window=preset.rl.plan_window)
+        return fifo, None, fifo.n_windows
+    return pull_source(workload), None, None
 
 
 def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from asp_npu.cli import main as cli_main
+from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
 from asp_npu.observe import metrics as m
 from asp_npu.observe.report import draw_report
-from asp_npu.pipeline import run_dir as rd
 
 
 def _fake_run(tmp_path):

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asp_npu.core.records import GroupKey
+from asp_npu.core.shape import RunShape
+from asp_npu.core.window import window_stream
 from asp_npu.observe.bubbles import account
 from asp_npu.pipeline.bench import aggregate, table
-from asp_npu.pipeline.controller import window_stream
-from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec, steps_per_version
+from asp_npu.pipeline.modes import SPECS, instance_count, mode_spec
 from asp_npu.pipeline.queue_actor import QueueService
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log, instance_states
 from asp_npu.types import PromptItem, Trajectory
@@ -29,8 +31,8 @@ def test_window_stream_covers_each_epoch_once(n, window, windows, seed):
     ids = [it.prompt_id for it in items]
     assert len(ids) == len(set(ids)) == window * windows  # unique group ids across the run
     for it in items:
-        base, epoch = it.prompt_id.rsplit("@", 1)
-        assert it.meta["base_id"] == base and it.meta["epoch"] == int(epoch)
+        key = GroupKey.parse(it.prompt_id)
+        assert it.meta["base_id"] == key.prompt_id and it.meta["epoch"] == key.epoch
     by_epoch: dict[int, list[str]] = {}
     for it in items:
         by_epoch.setdefault(it.meta["epoch"], []).append(it.meta["base_id"])
@@ -60,13 +62,13 @@ def test_queue_service_admits_whole_units_and_bounds_lag():
         await asyncio.sleep(0.01)
         await q.put_group(_group("b", 0, length=4))
         got = await waiter
-        assert got["step"] == 0 and sorted(got["groups"]) == ["a", "b"] and len(got["trajectories"]) == 4
-        arrivals = (await q.wait_arrivals(0, 0.0))["rows"]
-        assert [r["group"] for r in arrivals] == ["a", "b"] and arrivals[1]["lens"] == [4, 4]
-        assert arrivals[0]["prompt_len"] == 2
+        assert got.step == 0 and sorted(got.groups) == ["a", "b"] and len(got.trajectories) == 4
+        arrivals, _ = await q.wait_arrivals(0, 0.0)
+        assert [r.group for r in arrivals] == ["a", "b"] and arrivals[1].lens == (4, 4)
+        assert arrivals[0].prompt_len == 2
         series = await q.series()
         assert series["lags"] == [0, 0] and series["summary"]["consumed_groups"] == 2.0
-        assert await q.wait_arrivals(2, 0.01) == {"rows": [], "wakes": 0}
+        assert await q.wait_arrivals(2, 0.01) == ([], 0)
         # the controller blocks on arrivals; a wake (trainer step done) ends the wait at once, and a
         # wake that came before the wait started is not lost (its count is already past `wakes_seen`)
         loop = asyncio.get_running_loop()
@@ -75,9 +77,9 @@ def test_queue_service_admits_whole_units_and_bounds_lag():
         batch_waiter = asyncio.ensure_future(q.get_batch(0.3))
         await asyncio.sleep(0.01)
         assert await q.wake() == 1
-        assert await arrivals_waiter == {"rows": [], "wakes": 1} and loop.time() - t0 < 1.0
+        assert await arrivals_waiter == ([], 1) and loop.time() - t0 < 1.0
         assert await batch_waiter is None  # woken too, found nothing, kept waiting until its timeout
-        assert (await q.wait_arrivals(2, 5.0, 0))["wakes"] == 1 and loop.time() - t0 < 1.0
+        assert (await q.wait_arrivals(2, 5.0, 0))[1] == 1 and loop.time() - t0 < 1.0
         with pytest.raises(KeyError):
             await q.put_group(_group("zzz", 0))
 
@@ -127,8 +129,10 @@ def test_mode_specs():
 
     cfg = Config()
     cfg.rl_config.mini_batch_size, cfg.rl_config.n_samples_per_prompt = 32, 8
-    assert steps_per_version(cfg, mode_spec("mindspeed-sync"), window_groups=16) == 4
-    assert steps_per_version(cfg, mode_spec("asp"), window_groups=16) == 1
+    cfg.rl_config.global_batch_size = 16
+    assert RunShape.from_config(cfg, mode=mode_spec("mindspeed-sync")).steps_per_version == 4
+    shape = RunShape.from_config(cfg, mode=mode_spec("asp"))
+    assert (shape.steps_per_version, shape.steps_per_window, shape.version_groups) == (1, 4, 4)
     with pytest.raises(Exception, match="verl-sync"):
         mode_spec("verl-sync")
     # the admission setting picks ASP's dispatch; fixed-admission modes ignore it

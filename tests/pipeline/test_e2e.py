@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asp_npu.cli import main as cli_main
-from asp_npu.pipeline import run_dir as rd
+from asp_npu.core import run_dir as rd
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asp_npu.pipeline.staleness import (
+from asp_npu.core.staleness import (
     areal_capacity,
     handout_feasible,
     handout_need,

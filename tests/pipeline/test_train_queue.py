@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asp_npu.pipeline.train_queue import TrainQueue
+from asp_npu.core.train_queue import TrainQueue
 
 
 def test_synchronous_when_max_lag_zero() -> None:

@@ -93,7 +93,7 @@ def test_max_lag_zero_is_synchronous() -> None:
     rng = np.random.default_rng(3)
     w = from_arrays(rng.integers(1, 40, size=(12, 2)), prompt_len=2, prompts_per_iteration=4)
     res = Simulation(
-        spec(instances=2, devices=3, minibatch_groups=2, version_groups=4, max_lag=0, pull=True),
+        spec(instances=2, devices=3, minibatch_groups=2, version_groups=4, max_lag=0, dispatch="pull"),
         w,
         COST,
         pull_source(w),
@@ -114,12 +114,12 @@ def _small_workload(lens: list[list[int]]):
     return from_arrays(np.array(lens[:g]), prompt_len=3, prompts_per_iteration=2)
 
 
-def _small_sim(w, instances: int, slots: int, max_lag: int, pull: bool, source, cost: SimCost,
+def _small_sim(w, instances: int, slots: int, max_lag: int, dispatch: str, source, cost: SimCost,
                **kw) -> Simulation:
     """One version per minibatch of one group, a trainer device beside the instances."""
     return Simulation(
         spec(instances=instances, slots=slots, devices=instances + 1, minibatch_groups=1, version_groups=1,
-             max_lag=max_lag, pull=pull),
+             max_lag=max_lag, dispatch=dispatch),
         w, cost, source, **kw)
 
 
@@ -148,7 +148,7 @@ def test_conservation_and_lag_bound(lens, max_lag, instances, slots, pull) -> No
         refresh_s=0.2,
     )
     src = pull_source(w) if pull else static_source(w, instances, "round_robin")
-    res = _small_sim(w, instances, slots, max_lag, pull, src, cost).run()
+    res = _small_sim(w, instances, slots, max_lag, "pull" if pull else "static", src, cost).run()
     _assert_conserved_and_lag_bounded(res, w, max_lag)
     b = account(res.log, 0.0, res.wall_s)
     total = b.utilization + b.padding + b.skewness + b.sorting + b.overhead
@@ -156,20 +156,23 @@ def test_conservation_and_lag_bound(lens, max_lag, instances, slots, pull) -> No
 
 
 def test_work_pool_steals_only_undispatched_units_of_the_oldest_window() -> None:
+    from asp_npu.core.feed import StaticFeed
+    from asp_npu.core.records import Unit
     from asp_npu.sim.engine import WorkPool
 
-    plan = {0: [[[1], [2], [3]], []], 1: [[[4]], [[5]]]}
-    pool = WorkPool(
-        2, pull=False, steal=True, units_for=lambda it: plan[it], available=lambda it: it < 2, n_windows=2
-    )
-    ref = pool.peek(1)  # instance 1 has nothing in window 0: takes instance 0's last unit there
-    assert ref[0] == 0 and ref[1] == [3]
-    pool.pop(ref)
-    assert pool.peek(0)[1] == [1]  # the owner keeps its own order
-    no_steal = WorkPool(
-        2, pull=False, steal=False, units_for=lambda it: plan[it], available=lambda it: it < 2, n_windows=2
-    )
-    assert no_steal.peek(1)[:2] == (1, [5])  # without stealing it runs ahead into the next window
+    lanes = {0: [[[1], [2], [3]], []], 1: [[[4]], [[5]]]}
+
+    def units_for(it):
+        return [Unit(0, it, tuple(g), 2, k) for k, lane in enumerate(lanes[it]) for g in lane]
+
+    pool = WorkPool(StaticFeed(2, steal=True), units_for, available=lambda it: it < 2, n_windows=2)
+    u = pool.peek(1)  # instance 1 has nothing in window 0: takes instance 0's last unit there
+    assert u.window == 0 and u.groups == (3,)
+    pool.pop(u)
+    assert pool.peek(0).groups == (1,)  # the owner keeps its own order
+    no_steal = WorkPool(StaticFeed(2, steal=False), units_for, available=lambda it: it < 2, n_windows=2)
+    u = no_steal.peek(1)  # without stealing it runs ahead into the next window
+    assert (u.window, u.groups) == (1, (5,))
 
 
 @settings(max_examples=25, deadline=None)
@@ -181,14 +184,17 @@ def test_work_pool_steals_only_undispatched_units_of_the_oldest_window() -> None
 )
 def test_stream_dispatcher_pick_conserves_and_bounds_lag(lens, max_lag, instances, slots) -> None:
     """The ASP stream path (global pending list, StreamDispatcher picks) keeps every invariant."""
-    from asp_npu.schedule.dispatch import StreamDispatcher
+    from asp_npu.core.records import Unit
 
     w = _small_workload(lens)
-    d = StreamDispatcher(instances)
-    d.add(list(range(w.num_groups)), w.response_len.max(axis=1).tolist())
+    longest = w.response_len.max(axis=1)
+
+    def units_for(it):
+        return [Unit(0, it, (int(g),), w.group_size, q90=float(longest[g])) for g in w.iteration_groups(it)]
+
     cost = SimCost(decode_a=0.1, decode_b=0.01, decode_c=1e-4, train_s_per_token=0.01, refresh_s=0.2)
-    sim = _small_sim(w, instances, slots, max_lag, True, pull_source(w), cost, on_group_done=d.done)
-    sim.pool.pick = d.choose
+    sim = _small_sim(w, instances, slots, max_lag, "stream", units_for, cost)
+    d = sim.pool.feed.dispatcher
     res = sim.run()
     _assert_conserved_and_lag_bounded(res, w, max_lag)
     assert max(abs(x) for x in d.load) <= 1e-6 * max(1.0, float(w.response_len.max()) ** 2)

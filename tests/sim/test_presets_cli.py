@@ -41,7 +41,7 @@ def test_same_devices_and_split_rule(tiny) -> None:
     p, w, runs = tiny
     for m, r in runs.items():
         assert r.metrics["layout"]["devices"] == p.cluster.devices, m
-    disagg = {r.layout for m, r in runs.items() if not SPECS[m].colocated}
+    disagg = {r.layout for m, r in runs.items() if not SPECS[m].colocated_in_sim}
     assert disagg == {split_devices(p, w)}  # one rule for every disaggregated mode
     lay = split_devices(p, w)
     assert lay.trainer_devices >= p.cluster.min_trainer_devices

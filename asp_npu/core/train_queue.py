@@ -2,7 +2,7 @@
 
 Pure Python and clock-agnostic on purpose: the simulator drives it with a virtual clock, the real
 pipeline wraps this exact class in a Ray actor with wall time. Every method takes `now` (or uses the
-injected `clock`). The lag rule lives in `asp_npu.pipeline.staleness`; this class keeps the ledger
+injected `clock`). The lag rule lives in `asp_npu.core.staleness`; this class keeps the ledger
 (what is in flight, what is queued, what was consumed) and the metrics (occupancy and lag over time).
 
 Life of a group: `capacity(version)` > 0 -> `admit(group, version)` (generation starts with weights
@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asp_npu.pipeline.staleness import deadline_step, handout_feasible, handout_need, lag_ok, ledger_capacity
+from asp_npu.core.staleness import deadline_step, handout_feasible, handout_need, lag_ok, ledger_capacity
 
 ORDERS = ("fifo", "shortest")
 

@@ -1,0 +1,219 @@
+"""The fleet: the actors of one run -- where they go, starting them, talking to them, closing them.
+
+Placement first (no Ray needed): how many instances the mode gets on this node's devices and, on CPU,
+which cores each instance and the trainer ranks get (`device.node_placement`). Then `start()`: Ray, the
+TrainQueue actor, the rollout instances (engines built in parallel, warmed up off the clock) and the
+trainer group. Everything else the controller asks the actors goes through the small methods here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.core.modes import Mode
+from asp_npu.core.records import Arrival, Minibatch, Unit
+from asp_npu.core.shape import RunShape
+from asp_npu.types import PromptItem
+
+WARMUP_S = 120.0
+
+
+class Fleet:
+    def __init__(self, cfg: Config, kind: str, mode: Mode) -> None:
+        """Place the run (may set actor_config.cpu_cores / num_threads for the trainer ranks)."""
+        from asp_npu.device import available_devices
+
+        self.cfg, self.kind, self.mode = cfg, kind, mode
+        per_node = cfg.trainer.n_devices_per_node or available_devices(kind)  # type: ignore[arg-type]
+        self.shape = RunShape.from_config(cfg, per_node * max(1, cfg.trainer.nnodes), mode)
+        self.placement = self._place(per_node)
+        self.trainer: Any = None
+        self.instances: list[Any] = []
+        self.queue: Any = None
+        self._owns_ray = False
+        self._arrivals_ref: Any = None  # the pending `wait_arrivals` call
+        self._wakes = 0
+
+    def _place(self, per_node: int) -> Any:
+        """An asynchronous mode whose instances and trainer fit in the cores gets disjoint, pinned cores
+        (the CPU form of a disaggregated cluster); otherwise the cores are shared. The trainer ranks get
+        the placement's cores unless actor_config.cpu_cores / num_threads say otherwise. None on
+        accelerators."""
+        from asp_npu.device import node_placement
+
+        act, sh = self.cfg.actor_config, self.shape
+        placement = node_placement(self.kind, per_node, sh.instances, sh.infer_tp, sh.trainer_world,  # type: ignore[arg-type]
+                                   self.mode.colocated)
+        if placement is None:
+            return None
+        if not act.cpu_cores and placement.disjoint:
+            act.cpu_cores = ",".join(str(c) for c in placement.trainer_cores)
+        if not act.num_threads:  # a shared asynchronous trainer gets the cores the instances leave
+            busy = 0 if placement.disjoint or self.mode.colocated else sh.instances * sh.infer_tp
+            act.num_threads = max(1, (len(placement.trainer_cores) - busy) // sh.trainer_world)
+        return placement
+
+    def placement_summary(self) -> dict[str, Any] | None:
+        p = self.placement
+        if p is None:
+            return None
+        return {"disjoint": p.disjoint, "instance_cores": [list(c) for c in p.instance_cores],
+                "trainer_cores": self.cfg.actor_config.pinned_cores() or list(p.trainer_cores)}
+
+    def start(self, warmup: PromptItem) -> None:
+        """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
+        import ray
+
+        from asp_npu.device import loopback_env
+        from asp_npu.pipeline.queue_actor import make_queue_actor
+        from asp_npu.rollout.instance import launch_instances
+        from asp_npu.trainer.group import TrainerGroup
+
+        sh, gen = self.shape, self.cfg.generate_config
+        if self.kind == "cpu":
+            for k, v in loopback_env().items():
+                os.environ.setdefault(k, v)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        if not ray.is_initialized():
+            ray.init(num_cpus=sh.instances * sh.infer_tp + sh.trainer_world + 1, include_dashboard=False,
+                     log_to_driver=True, logging_level="warning")
+            self._owns_ray = True
+        self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
+                                      self.mode.queue_order)
+        settings, sampling = self._engine_settings()
+        self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
+                                          kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
+                                          sink=self.queue, admission=self.mode.admission, keep_polled=False,
+                                          placement=self.placement)
+        self.trainer = TrainerGroup(self.cfg)
+        self._warm_up(warmup)
+
+    def _engine_settings(self) -> tuple[Any, Any]:
+        from asp_npu.rollout.engine import EngineSettings, SamplingSettings
+
+        cfg, gen = self.cfg, self.cfg.generate_config
+        sc = gen.sampling_config
+        max_len = gen.max_model_len or (cfg.rl_config.max_prompt_length + sc.max_tokens)
+        settings = EngineSettings(
+            model_path=cfg.model.path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
+            max_num_batched_tokens=gen.max_num_batched_tokens, max_model_len=max_len,
+            enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
+            seed=cfg.data.seed, enable_prefix_caching=self.drain)
+        sampling = SamplingSettings(n=self.shape.group_size, temperature=sc.temperature, top_p=sc.top_p,
+                                    max_tokens=sc.max_tokens, seed=cfg.data.seed)
+        return settings, sampling
+
+    @property
+    def drain(self) -> bool:
+        """Refresh by draining: a colocated trainer refreshes idle engines; in flight only matters while
+        sequences run."""
+        return self.mode.colocated or self.cfg.rl_config.weight_refresh_mode == "drain"
+
+    def _warm_up(self, base: PromptItem) -> None:
+        """One short generation per instance before the clock starts: the first generate of a vLLM
+        process pays a one-off warm-up (seconds on CPU) that would otherwise land on iteration 1."""
+        import ray
+
+        from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
+
+        refs = []
+        n = min(self.shape.group_size, self.shape.slots)
+        for i, inst in enumerate(self.instances):
+            item = PromptItem(f"{WARMUP_PREFIX}{i}@0", base.prompt_token_ids, base.text, base.ground_truth,
+                              {**base.meta, "epoch": 0})
+            ray.get(inst.add_prompts.remote([item]))
+            ray.get(inst.submit_units.remote([_wire(Unit(-1 - i, -1, (item.prompt_id,), n))]))
+            refs.append(inst.wait_idle.remote(WARMUP_S))
+        ray.get(refs)
+
+    # ---------------------------------------------------------------- the actors, as the loop needs them
+    def add_prompts(self, items: list[PromptItem]) -> None:
+        import ray
+
+        ray.get([a.add_prompts.remote(items) for a in self.instances])
+
+    def submit(self, i: int, unit: Unit) -> None:
+        self.instances[i].submit_units.remote([_wire(unit)])
+
+    def admit(self, unit: Unit, version: int) -> bool:
+        import ray
+
+        return bool(ray.get(self.queue.admit.remote(list(unit.groups), version)))
+
+    def take_batch(self, timeout: float) -> Minibatch | None:
+        import ray
+
+        return ray.get(self.queue.get_batch.remote(timeout))
+
+    def next_arrivals(self, since: int, timeout: float, also: list[Any]) -> list[Arrival]:
+        """Arrivals after index `since`: blocks until one comes, the trainer wakes the queue, one of
+        `also` (weight loads) is ready, or `timeout`. One wait is kept pending across calls."""
+        import ray
+
+        if self._arrivals_ref is None:
+            self._arrivals_ref = self.queue.wait_arrivals.remote(since, timeout, self._wakes)
+        ready, _ = ray.wait([self._arrivals_ref, *also], num_returns=1, timeout=timeout)
+        if self._arrivals_ref not in ready:
+            return []
+        rows, self._wakes = ray.get(self._arrivals_ref)
+        self._arrivals_ref = None
+        return rows
+
+    def wake(self) -> None:
+        self.queue.wake.remote()
+
+    def pause(self) -> None:
+        import ray
+
+        ray.get([a.pause.remote() for a in self.instances])
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get([a.resume.remote() for a in self.instances])
+
+    def stats(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get([a.stats.remote() for a in self.instances])
+
+    def series(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.queue.series.remote())
+
+    def queue_state(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.queue.state.remote())
+
+    def close(self) -> None:
+        import ray
+
+        if self.instances:
+            try:
+                ray.get([a.shutdown.remote() for a in self.instances], timeout=60)
+            except Exception:  # noqa: BLE001 - best effort; the actors are killed below anyway
+                pass
+            for a in self.instances:
+                ray.kill(a)
+            self.instances = []
+        if self.trainer is not None:
+            self.trainer.shutdown()
+            self.trainer = None
+        if self.queue is not None:
+            ray.kill(self.queue)
+            self.queue = None
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _wire(unit: Unit) -> Any:
+    """A unit as the rollout instance takes it (`rollout.instance.UnitSpec`)."""
+    from asp_npu.rollout.instance import UnitSpec
+
+    return UnitSpec(unit.uid, tuple((str(g), k) for g, k in unit.samples))
+

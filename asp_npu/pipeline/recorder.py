@@ -1,0 +1,180 @@
+"""The recorder: everything a real run writes about itself, kept apart from the control loop.
+
+Per trainer step a metrics row and one consumption-ledger row per sample (`samples.jsonl`); the
+controller-side intervals the bubble accounting needs (blocked / paused / lent instances, trainer
+busy / paused / lent); at the end the event log, the timeline, the queue series and `summary.json`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from asp_npu.config import Config
+from asp_npu.core import run_dir as rd
+from asp_npu.core.records import GroupKey, Minibatch
+from asp_npu.core.shape import RunShape
+from asp_npu.observe import metrics as M
+from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
+from asp_npu.pipeline.weights import Refreshed
+from asp_npu.types import Trajectory
+
+
+class Recorder:
+    def __init__(self, cfg: Config, run: rd.RunDir, shape: RunShape, label: str, console: bool) -> None:
+        self.cfg, self.run_dir, self.shape, self.label = cfg, run, shape, label
+        self.instances = [InstanceRecord() for _ in range(shape.instances)]
+        self.trainer = TrainerRecord()
+        self.samples_rows: list[dict[str, Any]] = []
+        self.refreshes: list[dict[str, Any]] = []
+        self.versions: list[tuple[float, int]] = []
+        self.iterations: list[float] = []
+        self.step_ends: list[float] = []
+        self.train_step_s = 0.0  # trainer seconds per step (moving average; the planner overlaps with it)
+        self.t_start = self.last_step_end = 0.0
+        self.arrived_tokens = 0  # tokens generated since the last step (vLLM throughput)
+        self.lent_since: float | None = None
+        loggers = cfg.trainer.logger if console else [x for x in cfg.trainer.logger if x != "console"]
+        self.metrics = M.MetricsLogger(run.path, loggers, total_steps=shape.total_steps,
+                                       max_lag=shape.max_lag, prefix=f"[{label}] " if label else "")
+
+    def start(self, t: float, version: int) -> None:
+        self.t_start = self.last_step_end = t
+        self.versions.append((t, version))
+
+    def refreshed(self, r: Refreshed) -> None:
+        self.instances[r.instance].paused.append((r.t_end - r.load_s, r.t_end))
+        self.refreshes.append({**r.report, "t_end": r.t_end})
+
+    def generated(self, t_gen: float, t_pause: float, t_train: float) -> None:
+        """Colocated: the devices generated from t_gen (the trainer lent them out), the engines paused
+        at t_pause and the trainer holds the devices from t_train."""
+        self.trainer.lent.append((t_gen, t_train))
+        for rec in self.instances:
+            rec.paused.append((t_pause, t_train))
+        self.lent_since = t_train
+
+    def end_lent(self, t: float) -> None:
+        """Colocated: the devices go back from the trainer to the engines (or the run ends)."""
+        if self.lent_since is not None:
+            for rec in self.instances:
+                rec.lent.append((self.lent_since, t))
+            self.lent_since = None
+
+    def step(self, mb: Minibatch, out: dict[str, float], t0: float, t1: float, waited_s: float, step: int,
+             base: int) -> dict[str, Any]:
+        """Record trainer step `step` (counted from 0; `base` = the step a resumed run continued after)."""
+        k = self.shape.steps_per_version
+        trajs: list[Trajectory] = mb.trajectories
+        self.trainer.busy.append((t0, t1))
+        self.train_step_s = (t1 - t0) if not self.train_step_s else 0.7 * self.train_step_s + 0.3 * (t1 - t0)
+        offset = base // k  # ledger numbers -> run-wide numbers after a resume
+        ledger_step = mb.step + offset
+        lags = [ledger_step - (t.policy_version - base) // k - offset for t in trajs]
+        for t in trajs:
+            key = GroupKey.parse(t.prompt_id)
+            self.samples_rows.append({
+                "prompt_id": key.prompt_id, "epoch": key.epoch, "sample_idx": t.sample_idx,
+                "instance": t.instance, "policy_version": (t.policy_version - base) // k + offset,
+                "weights_step": t.policy_version,
+                "weights_step_last": max(t.policy_version, t.policy_version_last),
+                "step": ledger_step, "trainer_step": step, "response_len": t.response_len,
+                "prompt_len": len(t.prompt_token_ids), "reward": t.reward, "t_finished": t.t_finished,
+            })
+        row = self._row(mb, trajs, out, t0, t1, waited_s, step, lags)
+        self.versions.append((t1, step + 1))
+        self.step_ends.append(t1)
+        if (step + 1) % self.shape.steps_per_window == 0:
+            self.iterations.append(t1)
+        self.last_step_end = t1
+        return row
+
+    def _row(self, mb: Minibatch, trajs: list[Trajectory], out: dict[str, float], t0: float, t1: float,
+             waited_s: float, step: int, lags: list[int]) -> dict[str, Any]:
+        lens = [t.response_len for t in trajs]
+        it_s = t1 - self.last_step_end
+        row: dict[str, Any] = {
+            "iteration": step // self.shape.steps_per_window,
+            "policy_version": step + 1,
+            "samples/consumed": (step + 1) * self.shape.minibatch,
+            M.TIMING_ROLLOUT: waited_s,
+            M.TIMING_UPDATE: t1 - t0,
+            M.TIMING_ITERATION: it_s,
+            M.E2E_TPS: sum(lens) / it_s if it_s > 0 else 0.0,
+            M.VLLM_TPS: self.arrived_tokens / it_s / self.shape.instances if it_s > 0 else 0.0,
+            M.RESPONSE_LEN_MEAN: float(np.mean(lens)),
+            M.RESPONSE_LEN_MAX: float(max(lens)),
+            M.RESPONSE_LEN_MIN: float(min(lens)),
+            M.REWARD_MEAN: float(np.mean([t.reward for t in trajs])),
+            M.LAG_MEAN: float(np.mean(lags)),
+            M.LAG_MAX: float(max(lags)),
+            "async/staleness_steps_max": float(max(step - t.policy_version for t in trajs)),
+            M.QUEUE_OCCUPANCY: mb.queued_before * self.shape.group_size,
+            M.TRAINER_IDLE: 1.0 - (t1 - t0) / it_s if it_s > 0 else 0.0,
+            **{f"actor/{k}": v for k, v in out.items() if isinstance(v, int | float)},
+        }
+        self.arrived_tokens = 0
+        return row
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        self.metrics.log(step, row)
+
+    def finish(self, stats: list[dict[str, Any]], series: dict[str, Any], t_end: float, steps: int,
+               unit_labels: dict[int, str], placement: dict[str, Any] | None, planned: dict[str, Any]
+               ) -> dict[str, Any]:
+        """Write events, timeline, queue series, samples and summary.json; returns the summary."""
+        from asp_npu.observe import timeline
+        from asp_npu.observe.bubbles import account
+
+        sh, G = self.shape, self.shape.group_size
+        self.end_lent(t_end)
+        for rec in self.instances:
+            rec.close(t_end)
+        log = build_event_log(stats, self.instances, self.trainer, sh.slots, sh.trainer_world,
+                              sh.mode.colocated, self.t_start, t_end, series, self.versions, self.iterations,
+                              unit_labels, G)
+        log.meta = {"mode": sh.mode.name, "label": self.label}
+        log.write(self.run_dir / rd.EVENTS)
+        timeline.write_timeline(self.run_dir / rd.TIMELINE, log, self.t_start, t_end)
+        rep = account(log, self.t_start, t_end)
+        self.run_dir.write_jsonl(rd.QUEUE, [{"t": t, "occupancy": n * G}
+                                            for t, n in zip(series["t"], series["queued"], strict=False)])
+        self.run_dir.write_jsonl(rd.SAMPLES, self.samples_rows)
+        bubbles = {"utilization": rep.utilization, **rep.bubbles()}
+        extra = {f"bubbles/{k}": v for k, v in bubbles.items()}
+        extra.update({M.TRAINER_IDLE: rep.trainer_idle_ratio, M.ROLLOUTER_IDLE: rep.rollouter_idle_ratio})
+        self.metrics.log(steps, {"final": 1, **extra}, console=False)
+        summary = {"mode": sh.mode.name, "label": self.label, "max_lag": sh.max_lag,
+                   "instances": sh.instances, "placement": placement, **self._totals(t_end, steps),
+                   "bubbles": bubbles, "trainer_idle_ratio": rep.trainer_idle_ratio,
+                   "rollouter_idle_ratio": rep.rollouter_idle_ratio, "bubble_coverage": rep.coverage,
+                   "weight_refresh_s_mean": float(np.mean([r["total_s"] for r in self.refreshes]))
+                   if self.refreshes else 0.0,
+                   "queue": series["summary"], **planned}
+        self.run_dir.write_summary(summary)
+        return summary
+
+    def _totals(self, t_end: float, steps: int) -> dict[str, Any]:
+        rows = self.samples_rows
+        tokens = sum(r["response_len"] for r in rows)
+        span = (self.step_ends[-1] if self.step_ends else t_end) - self.t_start
+        it_ends = [self.t_start, *self.iterations]
+        it_times = [b - a for a, b in zip(it_ends, it_ends[1:], strict=False)]
+        rewards = [r for r in (row.get(M.REWARD_MEAN) for row in self.metrics.history) if r is not None]
+        lags = [r["step"] - r["policy_version"] for r in rows]
+        return {
+            "steps": steps, "iterations": len(self.iterations), "samples": len(rows), "tokens": tokens,
+            "wall_s": span,
+            "throughput_tokens_per_s": tokens / span if span > 0 else 0.0,
+            "throughput_samples_per_s": len(rows) / span if span > 0 else 0.0,
+            "iteration_time_mean_s": float(np.mean(it_times)) if it_times else 0.0,
+            "step_time_mean_s": span / max(1, steps),
+            "final_reward": float(np.mean(rewards[-max(1, len(rewards) // 4):])) if rewards else 0.0,
+            "reward_curve": rewards,
+            "lag_max": max(lags) if lags else 0,
+            "lag_mean": float(np.mean(lags)) if lags else 0.0,
+        }
+
+    def close(self) -> None:
+        self.metrics.close()
