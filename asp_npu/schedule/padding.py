@@ -4,12 +4,15 @@ Everyone in a batch waits for its longest sample; with groups sorted by predicte
 into contiguous chunks of equal size, the sum of per-unit maxima is minimal. The unit size is `c`
 groups where `c*G` divides the minibatch M (so admission under the lag rule can never deadlock, see
 `planner`), `c*G <= min(M, max_num_seqs)` (a unit fits the instance's slots and one trainer step),
-and small enough that every instance gets at least one unit when there are that many groups.
+small enough that every instance gets at least `ROWS` units when there are that many groups (the
+skewness step deals whole rows of K units; with fewer rows the loads cannot be evened out).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+ROWS = 4  # units per instance the unit size leaves room for, when there are enough groups
 
 
 def groups_per_unit(
@@ -19,7 +22,7 @@ def groups_per_unit(
     per_mb = minibatch // group_size
     cap = max(1, min(minibatch, max_num_seqs) // group_size)
     if num_groups >= num_instances:
-        cap = min(cap, max(1, num_groups // num_instances))
+        cap = min(cap, max(1, num_groups // (ROWS * num_instances)))
     return max(d for d in range(1, per_mb + 1) if per_mb % d == 0 and d <= cap)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from asp_npu.schedule.cost import CostModel, group_kv_token_steps
 from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
 from asp_npu.schedule.plan import Groups, RolloutPlan
-from asp_npu.schedule.skewness import balance
+from asp_npu.schedule.skewness import balance, deal, lpt, polish
 from asp_npu.schedule.sorting import ORDERINGS, instance_orders
 from asp_npu.schedule.timeline import Timeline, timeline
 
@@ -74,10 +74,21 @@ def unit_costs(
     return cfg.cost.unit_seconds(longest, tokens, cfg.max_num_seqs, kv)
 
 
+def unit_size(groups: Groups, cfg: PlannerConfig) -> int:
+    """Groups per unit (the same for ASP and the baselines, whatever order they cut)."""
+    return groups_per_unit(cfg.minibatch, cfg.group_size, cfg.max_num_seqs, len(groups), cfg.num_instances)
+
+
 def make_units(groups: Groups, cfg: PlannerConfig, order: np.ndarray) -> UnitTable:
-    """Cut `order` (group ids) into units of `groups_per_unit` groups; the remainder unit goes last."""
-    c = groups_per_unit(cfg.minibatch, cfg.group_size, cfg.max_num_seqs, len(groups), cfg.num_instances)
-    group_order, offsets = cut_units(order, c)
+    """Cut `order` (group ids) into units of `unit_size` groups; the remainder unit goes last."""
+    c = unit_size(groups, cfg)
+    return unit_table(groups, cfg, *cut_units(order, c), c)
+
+
+def unit_table(
+    groups: Groups, cfg: PlannerConfig, group_order: np.ndarray, offsets: np.ndarray, c: int
+) -> UnitTable:
+    """Units of `c` groups (the last may be smaller: the remainder) with their predicted seconds."""
     sizes = np.diff(offsets) * cfg.group_size
     last = int(sizes.size - 1) if sizes.size and sizes[-1] != c * cfg.group_size else -1
     return UnitTable(group_order, offsets, unit_costs(groups, group_order, offsets, cfg), sizes, last)
@@ -247,23 +258,53 @@ def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
         raise ValueError(f"groups hold {groups.group_size} samples, config says group_size={cfg.group_size}")
 
 
+def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable, np.ndarray, np.ndarray]:
+    """Padding + skewness: (units, instance per unit, mask of units other than the remainder).
+
+    Groups ranked by predicted length are dealt in rows (`skewness.deal`: every instance the same
+    mix of lengths), each instance's groups cut in rank order into units of `c` (length-homogeneous:
+    a unit spans `K*c` consecutive ranks); the ranks left over (fewer than a row of units) are cut
+    globally, the remainder unit last, and placed longest first on the least-loaded instance. Then
+    `skewness.polish` evens the predicted token loads by swapping groups of neighbouring ranks.
+    """
+    k, n_groups = cfg.num_instances, len(groups)
+    order = length_order(groups.mean, cfg.seed)
+    rank = np.empty(n_groups, dtype=np.int64)
+    rank[order] = np.arange(n_groups)
+    inst_of_rank, full = deal(groups.mean[order], k, c)
+    by_instance = np.argsort(inst_of_rank, kind="stable")  # each instance's ranks, ascending
+    rest_order, rest_offsets = cut_units(order[full:], c)
+    group_order = np.concatenate([order[by_instance], rest_order])
+    offsets = np.r_[np.arange(0, full, c), full + rest_offsets].astype(np.int64)
+    units = unit_table(groups, cfg, group_order, offsets, c)
+    tokens = np.add.reduceat(groups.mean[group_order], offsets[:-1]) if offsets.size > 1 else np.zeros(0)
+    m_full = full // c
+    assign = np.empty(tokens.size, dtype=np.int64)
+    assign[:m_full] = np.arange(m_full) // max(1, m_full // k)
+    movable = np.ones(tokens.size, dtype=bool)
+    if units.last_unit >= 0:
+        movable[units.last_unit] = False
+    rest = np.flatnonzero(movable[m_full:]) + m_full
+    if m_full == 0:
+        assign[rest] = balance(tokens[rest], k)
+    else:
+        assign[rest] = lpt(tokens[rest], k, np.bincount(assign[:m_full], tokens[:m_full], minlength=k))
+    if units.last_unit >= 0:
+        loads = np.bincount(assign[movable], weights=tokens[movable], minlength=k)
+        assign[units.last_unit] = int(np.argmin(loads))
+    inst_at = np.repeat(assign, np.diff(offsets))
+    swapped = polish(groups.mean, group_order, inst_at, rank, k, window=k)
+    return unit_table(groups, cfg, swapped, offsets, c), assign, movable
+
+
 def plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan:
     """Plan every sample of `groups` on `cfg.num_instances` instances (padding, skewness, sorting)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
     check_inputs(groups, cfg)
     # padding: length-homogeneous units, cut from the longest end (remainder = shortest, runs last)
-    units = make_units(groups, cfg, length_order(groups.mean, cfg.seed))
-    # skewness: balance predicted seconds across instances; the remainder unit is placed after
-    movable = np.ones(units.seconds.size, dtype=bool)
-    if units.last_unit >= 0:
-        movable[units.last_unit] = False
-    assign = np.zeros(units.seconds.size, dtype=np.int64)
-    ids = np.flatnonzero(movable)
-    assign[ids] = balance(units.seconds[ids], cfg.num_instances)
-    if units.last_unit >= 0:
-        loads = np.bincount(assign[ids], weights=units.seconds[ids], minlength=cfg.num_instances)
-        assign[units.last_unit] = int(np.argmin(loads))
+    c = unit_size(groups, cfg)
+    units, assign, movable = skewed_units(groups, cfg, c)
     # sorting: candidate orders (remainder unit last), each timed under the lag rule on the
     # predicted costs; keep the one whose last trainer step ends first
     mine = [np.flatnonzero((assign == k) & movable) for k in range(cfg.num_instances)]
