@@ -4,15 +4,12 @@ Everyone in a batch waits for its longest sample; with groups sorted by predicte
 into contiguous chunks of equal size, the sum of per-unit maxima is minimal. The unit size is `c`
 groups where `c*G` divides the minibatch M (so admission under the lag rule can never deadlock, see
 `planner`), `c*G <= min(M, max_num_seqs)` (a unit fits the instance's slots and one trainer step),
-small enough that every instance gets at least `ROWS` units when there are that many groups (the
-skewness step deals whole rows of K units; with fewer rows the loads cannot be evened out).
+and small enough that every instance gets at least one unit when there are that many groups.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-ROWS = 4  # units per instance the unit size leaves room for, when there are enough groups
 
 
 def groups_per_unit(
@@ -22,8 +19,14 @@ def groups_per_unit(
     per_mb = minibatch // group_size
     cap = max(1, min(minibatch, max_num_seqs) // group_size)
     if num_groups >= num_instances:
-        cap = min(cap, max(1, num_groups // (ROWS * num_instances)))
-    return max(d for d in range(1, per_mb + 1) if per_mb % d == 0 and d <= cap)
+        cap = min(cap, max(1, num_groups // num_instances))
+    return max(d for d in divisors(per_mb) if d <= cap)
+
+
+def divisors(x: int) -> list[int]:
+    """Every divisor of `x` >= 1 (trial division to sqrt(x): fast even for a minibatch near 2^31)."""
+    small = [d for d in range(1, int(x**0.5) + 1) if x % d == 0]
+    return small + [x // d for d in reversed(small) if d * d != x]
 
 
 def length_order(key: np.ndarray, seed: int) -> np.ndarray:

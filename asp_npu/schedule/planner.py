@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asp_npu.errors import InvalidValue
 from asp_npu.schedule.cost import CostModel, group_kv_token_steps
 from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
 from asp_npu.schedule.plan import Groups, RolloutPlan
 from asp_npu.schedule.skewness import balance, deal, lpt, polish
 from asp_npu.schedule.sorting import ORDERINGS, instance_orders
 from asp_npu.schedule.timeline import Timeline, timeline
+from asp_npu.validation import INT32_MAX, SEED_MAX, check_float, check_int
+
+MAX_INSTANCES = 65536  # rollout instances one plan may address
 
 
 @dataclass(frozen=True)
@@ -32,20 +36,46 @@ class PlannerConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.num_instances < 1:
-            raise ValueError(f"num_instances must be >= 1 (got {self.num_instances})")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1 (got {self.group_size})")
-        if self.minibatch < 1 or self.minibatch % self.group_size:
-            raise ValueError(
+        """Every field in range (NaN and inf refused): raises InvalidValue (a ValueError)."""
+        check_int("num_instances", self.num_instances, 1, MAX_INSTANCES)
+        check_int("group_size", self.group_size, 1, INT32_MAX)
+        check_int("minibatch", self.minibatch, 1, INT32_MAX)
+        if self.minibatch % self.group_size:
+            raise InvalidValue(
                 f"minibatch {self.minibatch} is not a positive multiple of the group size {self.group_size}"
             )
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
-        if self.max_lag < 0:
-            raise ValueError(f"max_lag must be >= 0 (got {self.max_lag})")
-        if self.train_step_s < 0:
-            raise ValueError(f"train_step_s must be >= 0 (got {self.train_step_s})")
+        check_int("max_num_seqs", self.max_num_seqs, 1, INT32_MAX)
+        check_int("max_lag", self.max_lag, 0, INT32_MAX)
+        check_float("train_step_s", self.train_step_s, 0.0, 1e9)
+        check_int("seed", self.seed, 0, SEED_MAX)
+        if not isinstance(self.cost, CostModel):
+            raise InvalidValue(f"cost must be a CostModel (got {type(self.cost).__name__})")
+
+
+def check_plan_flags(
+    epoch: int,
+    instances: int,
+    minibatch: int,
+    max_num_seqs: int,
+    max_lag: int,
+    train_step_s: float,
+    cost_abc: tuple[float, float, float],
+    seed: int,
+) -> CostModel:
+    """`asp-npu plan`'s numbers, named by their flags, before the trace is read (the group size is
+    checked after); returns the cost model."""
+    check_int("--epoch", epoch, 0, INT32_MAX)
+    check_int("--instances", instances, 1, MAX_INSTANCES)
+    check_int("--minibatch", minibatch, 1, INT32_MAX)
+    check_int("--max-num-seqs", max_num_seqs, 1, INT32_MAX)
+    check_int("--max-lag", max_lag, 0, INT32_MAX)
+    check_float("--train-step-s", train_step_s, 0.0, 1e9)
+    for flag, v in zip(("--cost-a", "--cost-b", "--cost-c"), cost_abc, strict=True):
+        check_float(flag, v, 0.0, 1e6)
+    check_int("--seed", seed, 0, SEED_MAX)
+    cost = CostModel(*cost_abc)
+    PlannerConfig(instances, minibatch, 1, max_num_seqs, max_lag, train_step_s, cost, seed).validate()
+    return cost
 
 
 @dataclass
@@ -197,6 +227,10 @@ def assemble(
     loads = (
         np.bincount(assign, weights=units.seconds, minlength=cfg.num_instances) if u_count else np.zeros(1)
     )
+    unit_tokens = np.add.reduceat(groups.mean[units.group_order], units.offsets[:-1]) if u_count else None
+    tokens = (
+        np.bincount(assign, weights=unit_tokens, minlength=cfg.num_instances) if u_count else np.zeros(1)
+    )
     makespan = float(tl.finish.max()) if u_count else 0.0
     lower = float(max(units.seconds.sum() / cfg.num_instances, units.seconds.max())) if u_count else 0.0
     lag = tl.target_step - tl.version
@@ -215,6 +249,9 @@ def assemble(
         "makespan_ratio": round(makespan / lower, 4) if lower > 0 else 1.0,
         "predicted_load_imbalance": round(float(loads.max() / loads.mean() - 1), 5)
         if loads.mean() > 0
+        else 0.0,
+        "predicted_token_imbalance": round(float(tokens.max() / tokens.mean() - 1), 5)
+        if tokens.mean() > 0
         else 0.0,
         "trainer_steps": int(tl.step_end.size),
         "predicted_trainer_end": round(float(tl.step_end[-1]), 4) if tl.step_end.size else 0.0,
@@ -258,6 +295,9 @@ def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
         raise ValueError(f"groups hold {groups.group_size} samples, config says group_size={cfg.group_size}")
 
 
+POLISH_WINDOW_ROWS = 4  # group swaps reach this many rows of K ranks (a unit spans K*c ranks)
+
+
 def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable, np.ndarray, np.ndarray]:
     """Padding + skewness: (units, instance per unit, mask of units other than the remainder).
 
@@ -293,7 +333,7 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
         loads = np.bincount(assign[movable], weights=tokens[movable], minlength=k)
         assign[units.last_unit] = int(np.argmin(loads))
     inst_at = np.repeat(assign, np.diff(offsets))
-    swapped = polish(groups.mean, group_order, inst_at, rank, k, window=k)
+    swapped = polish(groups.mean, group_order, inst_at, rank, k, window=POLISH_WINDOW_ROWS * k)
     return unit_table(groups, cfg, swapped, offsets, c), assign, movable
 
 

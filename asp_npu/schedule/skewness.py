@@ -73,7 +73,9 @@ def refine(
         return assign
     max_rounds = 4 * num_instances + 64 if max_rounds is None else max_rounds
     loads = np.bincount(assign, weights=costs, minlength=num_instances)
-    members = [list(np.flatnonzero(assign == k)) for k in range(num_instances)]
+    by_inst = np.argsort(assign, kind="stable")
+    cuts = np.searchsorted(assign[by_inst], np.arange(1, num_instances))
+    members = [list(m) for m in np.split(by_inst, cuts)]
     for _ in range(max_rounds):
         i = int(np.argmax(loads))
         improved = False
@@ -161,10 +163,10 @@ def polish(
     pos_of_home[home] = np.arange(n)
     inst = np.asarray(inst_at, dtype=np.int64)
     loads = np.bincount(inst, weights=w[out], minlength=num_instances)
-    members = [np.flatnonzero(inst == k) for k in range(num_instances)]
-    max_rounds = 8 * num_instances + 256 if max_rounds is None else max_rounds
-    offsets = np.arange(-window, window + 1)
-    offsets = offsets[offsets != 0]
+    by_inst = np.argsort(inst, kind="stable")
+    members = np.split(by_inst, np.searchsorted(inst[by_inst], np.arange(1, num_instances)))
+    max_rounds = 32 * num_instances + 256 if max_rounds is None else max_rounds
+    offs = np.r_[np.arange(-window, 0), np.arange(1, window + 1)]
     for _ in range(max_rounds):
         i = int(np.argmax(loads))
         mean = float(loads.mean())
@@ -172,27 +174,21 @@ def polish(
             break
         p = members[i]
         gp = out[p]
-        rp = rank[gp]
-        wp = w[gp]
-        best_gain, best = 0.0, None
-        for d in offsets.tolist():
-            r = rp + d  # group gp would go to the position whose starting group had rank r
-            ok = (r >= 0) & (r < n)
-            qs = pos_of_home[np.where(ok, r, 0)]
-            j = inst[qs]
-            gq = out[qs]
-            ok &= (j != i) & (np.abs(rank[gq] - home[p]) <= window)
-            delta = wp - w[gq]
-            gain = np.minimum(delta, loads[i] - loads[j] - delta)  # how far max(load_i, load_j) falls
-            gain = np.where(ok, gain, 0.0)
-            a = int(np.argmax(gain))
-            if gain[a] > best_gain + 1e-12 * mean:
-                best_gain, best = float(gain[a]), (int(p[a]), int(qs[a]), int(j[a]), float(delta[a]))
-        if best is None:
+        r = rank[gp][:, None] + offs[None, :]  # gp would go where the group of rank r started
+        ok = (r >= 0) & (r < n)
+        qs = pos_of_home[np.where(ok, r, 0)]
+        j = inst[qs]
+        gq = out[qs]
+        ok &= (j != i) & (np.abs(rank[gq] - home[p][:, None]) <= window)
+        delta = w[gp][:, None] - w[gq]
+        gain = np.where(ok, np.minimum(delta, loads[i] - loads[j] - delta), 0.0)  # fall of max(i, j)
+        a = int(np.argmax(gain))
+        if gain.flat[a] <= 1e-12 * mean:
             break
-        pa, qa, j, delta = best
+        row, col = divmod(a, offs.size)
+        pa, qa, jj, d = int(p[row]), int(qs[row, col]), int(j[row, col]), float(delta[row, col])
         out[pa], out[qa] = out[qa], out[pa]
-        loads[i] -= delta
-        loads[j] += delta
+        loads[i] -= d
+        loads[jj] += d
     return out
 

@@ -37,8 +37,7 @@ def test_cost_model_closed_form_matches_step_sum() -> None:
 def test_groups_per_unit_divides_minibatch_and_fits_slots() -> None:
     assert groups_per_unit(minibatch=48, group_size=8, max_num_seqs=32, num_groups=100, num_instances=2) == 3
     assert groups_per_unit(256, 16, 256, 1000, 8) == 16
-    assert groups_per_unit(256, 16, 256, 80, 8) == 2  # every instance gets ROWS = 4 units
-    assert groups_per_unit(256, 16, 256, 20, 8) == 1
+    assert groups_per_unit(256, 16, 256, 20, 8) == 2  # every instance gets a unit
     assert groups_per_unit(56, 8, 32, 100, 1) == 1  # 7 groups per minibatch, prime
 
 

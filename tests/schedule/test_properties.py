@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from asp_npu.schedule.baselines import fifo_plan, karmarkar_karp, random_plan
 from asp_npu.schedule.padding import length_order
 from asp_npu.schedule.plan import RolloutPlan
-from asp_npu.schedule.planner import PlannerConfig, check_lag_bound, plan
+from asp_npu.schedule.planner import POLISH_WINDOW_ROWS, PlannerConfig, check_lag_bound, plan
 
 from .helpers import SHAPES, make_groups
 
@@ -100,7 +100,7 @@ def test_json_roundtrip(case) -> None:
 def test_asp_balance_and_homogeneity(case) -> None:
     """Skewness bound: instance token loads differ by at most the largest unit (rows dealt heaviest
     to least loaded, leftover units longest first, swaps that only lower the larger of two loads);
-    padding kept: a unit's groups lie within K*c + 2K consecutive length ranks."""
+    padding kept: a unit's groups lie within K*c + 2*POLISH_WINDOW_ROWS*K consecutive length ranks."""
     groups, cfg = case
     result = plan(groups, cfg)
     n = cfg.group_size
@@ -118,7 +118,7 @@ def test_asp_balance_and_homogeneity(case) -> None:
     r = rank[g_of]
     span = np.maximum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
     span -= np.minimum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
-    assert span.max() <= k * c - 1 + 2 * k
+    assert span.max() <= k * c - 1 + 2 * POLISH_WINDOW_ROWS * k
 
 
 @settings(max_examples=60, deadline=None)
