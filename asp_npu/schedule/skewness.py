@@ -1,17 +1,22 @@
-"""Skewness: place units on instances so every instance gets the same predicted token load.
+"""Skewness: place groups and units on instances so every instance gets the same predicted token load.
 
-Three steps, all on predicted tokens (what a continuous-batching engine's busy time follows, and
-what Karmarkar-Karp balances in verl's `get_seqlen_balanced_partitions`, the reference
-`baselines.karmarkar_karp` reimplements):
-1. `lpt`: longest unit first onto the least-loaded instance (the K longest land on K instances);
-2. `refine`: the single unit move or pairwise swap between the most and a less loaded instance that
-   most reduces their larger load, until none helps;
-3. `polish`: below unit granularity, swap single *groups* between units of different instances, only
-   between groups whose length ranks are within `window` positions of each other, so a unit keeps
-   groups of neighbouring lengths (a unit's groups stay within its rank band widened by `window` on
-   each side: padding is kept) while the load moves in steps as fine as two neighbouring groups differ.
-Each step only lowers the largest load or leaves the assignment unchanged. Deterministic: ties go to
-the lower index. Bounded by round counts, never by wall time.
+Balanced on predicted tokens (what a continuous-batching engine's busy time follows, and what
+Karmarkar-Karp balances in verl's `get_seqlen_balanced_partitions`, which `baselines.karmarkar_karp`
+reimplements as the reference), in three steps the planner (`planner.skewed_units`) chains:
+1. `deal`: groups ranked by predicted length, in rows of K, one per instance (the heaviest of a row to
+   the least-loaded instance): every instance holds the same mix of lengths, so also the same share
+   of the long tail whose prediction errors are largest; each instance then cuts its groups in rank
+   order into units (length-homogeneous: a unit spans K*c consecutive ranks);
+2. `lpt` (+ `refine` when nothing could be dealt): the units left over, longest first onto the
+   least-loaded instance; `refine` moves or swaps whole units between the most and a less loaded one;
+3. `polish`: below unit granularity, swap single *groups* between instances, only between groups
+   whose length ranks are within `window` of each other, so a unit keeps groups of neighbouring
+   lengths (its rank band widens by at most `window` on each side: padding is kept) while the load
+   moves in steps as fine as two neighbouring groups differ.
+Dealing keeps any two loads within the largest group, `lpt` within the largest unit, and `refine` and
+`polish` only ever lower the larger of two loads (never below the smaller): the spread of the final
+loads is at most the largest unit (tests/schedule/test_properties.py). Deterministic; bounded by
+round counts, never by wall time.
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ def polish(
     out = np.asarray(group_at, dtype=np.int64).copy()
     if num_instances < 2 or n < 2 or window < 1:
         return out
+    window = min(window, n - 1)  # farther ranks do not exist
     w = np.asarray(weights, dtype=np.float64)
     rank = np.asarray(rank, dtype=np.int64)
     home = rank[out]  # position -> rank of the group it held at the start
