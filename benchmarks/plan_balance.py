@@ -20,6 +20,15 @@ and shapes NOT from it, built by `benchmarks/plan_quality.py` (`pq-bimodal`,
 (`st-lognormal-heavy`, `st-bimodal`, `st-drift` +30% per epoch, `st-near-uniform`; half as many
 prompts as the others, 8 samples each). With ~2% noise on the actual lengths, single seeds decide
 nothing: use `--seeds 10` (mean and worst over seeds; `asp <= kk` counts the seeds it is no worse).
+
+Where units bind: the planner cuts full units (`max_num_seqs` samples) and never makes them smaller
+to balance. With fewer than MIN_DEAL_ROWS rows of K units (the `st-*` shapes at K=32: 2,000 groups,
+~2 units per instance) the longest unit alone can exceed the mean instance load and the plan stays
+unbalanced where KK, free to mix lengths in any number of groups, is not. Making units small enough
+(tried: the largest unit at most the mean load) balances those shapes but costs the blocking unit
+executor 24% of its throughput on the `paper` preset (4,110 -> 2,520 tokens/s; half-size: 1,603),
+so it is not done. `st-near-uniform`: equal lengths, so the load is the group count, and 250 groups
+per instance (K=8) is not a multiple of the unit's 32 groups: +2.4% by construction.
 """
 
 from __future__ import annotations

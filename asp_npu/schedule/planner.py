@@ -295,6 +295,7 @@ def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
         raise ValueError(f"groups hold {groups.group_size} samples, config says group_size={cfg.group_size}")
 
 
+MIN_DEAL_ROWS = 4  # deal rows only when a unit then spans at most 1/4 of the length ranks
 POLISH_WINDOW_ROWS = 4  # group swaps reach this many rows of K ranks (a unit spans K*c ranks)
 
 
@@ -303,15 +304,21 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
 
     Groups ranked by predicted length are dealt in rows (`skewness.deal`: every instance the same
     mix of lengths), each instance's groups cut in rank order into units of `c` (length-homogeneous:
-    a unit spans `K*c` consecutive ranks); the ranks left over (fewer than a row of units) are cut
-    globally, the remainder unit last, and placed longest first on the least-loaded instance. Then
+    a unit spans `K*c` consecutive ranks, at most 1/MIN_DEAL_ROWS of them; with fewer rows than that
+    nothing is dealt); the ranks left over (fewer than a row of units) are cut globally, the
+    remainder unit last, and placed longest first on the least-loaded instance. Then
     `skewness.polish` evens the predicted token loads by swapping groups of neighbouring ranks.
+    Units are never made smaller than `unit_size` to balance: with fewer than two units per instance
+    the longest unit can exceed the mean load, and smaller units cost a blocking executor far more
+    than the imbalance (measured: benchmarks/plan_balance.py docstring).
     """
     k, n_groups = cfg.num_instances, len(groups)
     order = length_order(groups.mean, cfg.seed)
     rank = np.empty(n_groups, dtype=np.int64)
     rank[order] = np.arange(n_groups)
     inst_of_rank, full = deal(groups.mean[order], k, c)
+    if full < MIN_DEAL_ROWS * k * c:  # too few rows: dealt units would span too wide a length range
+        inst_of_rank, full = inst_of_rank[:0], 0
     by_instance = np.argsort(inst_of_rank, kind="stable")  # each instance's ranks, ascending
     rest_order, rest_offsets = cut_units(order[full:], c)
     group_order = np.concatenate([order[by_instance], rest_order])
