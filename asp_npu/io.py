@@ -156,7 +156,7 @@ def read_json_file(path: str | os.PathLike, what: str = "JSON file") -> Any:
     try:
         return loads_strict(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{p}:{exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        raise UserError(f"{p}:{exc.lineno}: malformed JSON ({exc.msg}; column {exc.colno})") from None
     except ValueError as exc:
         raise UserError(f"{p}: malformed JSON ({exc})") from None
 
@@ -198,7 +198,7 @@ def read_jsonl(
             except json.JSONDecodeError as exc:
                 torn = " (torn line?)" if not raw.endswith(b"\n") else ""
                 raise UserError(
-                    f"{p}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno}){torn}"
+                    f"{p}:{line_no}: malformed JSON ({exc.msg}; column {exc.colno}){torn}"
                 ) from None
             except ValueError as exc:
                 raise UserError(f"{p}:{line_no}: malformed JSON ({exc})") from None

@@ -61,7 +61,7 @@ def _iter_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         except json.JSONDecodeError as exc:
             torn = " (torn last line?)" if line_no == len(lines) and not text.endswith("\n") else ""
             raise UserError(
-                f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno}){torn}"
+                f"{path}:{line_no}: malformed JSON ({exc.msg}; column {exc.colno}){torn}"
             ) from None
         except ValueError as exc:
             raise UserError(f"{path}:{line_no}: malformed JSON ({exc})") from None
