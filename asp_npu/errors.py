@@ -9,3 +9,8 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A configuration value is invalid; raised before any actor or process group starts."""
+
+
+class InvalidValue(UserError, ValueError):
+    """A number out of its range (NaN and inf included): a UserError for the CLI (exit 2), and still
+    a ValueError for library callers that construct configs directly."""

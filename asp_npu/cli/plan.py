@@ -13,7 +13,7 @@ from asp_npu.predict.factory import PREDICTORS
 from asp_npu.predict.groups import groups_for_epoch
 from asp_npu.schedule.baselines import fifo_plan, random_plan
 from asp_npu.schedule.cost import CostModel
-from asp_npu.schedule.planner import PlannerConfig, plan
+from asp_npu.schedule.planner import PlannerConfig, check_plan_flags, plan
 
 DISPATCH = {"asp": plan, "fifo": fifo_plan, "random": random_plan}
 
@@ -37,23 +37,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="write the plan (asp-plan/1 JSON) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = p.parse_args(argv)
-    if args.instances < 1:
-        raise UserError(f"--instances must be >= 1 (got {args.instances})")
-    if args.minibatch < 1:
-        raise UserError(f"--minibatch must be >= 1 (got {args.minibatch})")
-    if args.epoch < 0:
-        raise UserError(f"--epoch must be >= 0 (got {args.epoch})")
-    if args.max_lag < 0:
-        raise UserError(f"--max-lag must be >= 0 (got {args.max_lag})")
-    if args.max_num_seqs < 1:
-        raise UserError(f"--max-num-seqs must be >= 1 (got {args.max_num_seqs})")
-    if args.train_step_s < 0:
-        raise UserError(f"--train-step-s must be >= 0 (got {args.train_step_s})")
-    try:
-        cost = CostModel(args.cost_a, args.cost_b, args.cost_c)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if args.out:
+    cost = check_plan_flags(args.epoch, args.instances, args.minibatch, args.max_num_seqs, args.max_lag,
+                            args.train_step_s, (args.cost_a, args.cost_b, args.cost_c), args.seed)
+    if args.out is not None:
         check_writable(args.out)  # before any work: never plan for minutes and then fail to write
     trace = read_trace(args.trace)
     epoch_rows = trace.epoch_rows(args.epoch)
@@ -73,7 +59,7 @@ def main(argv: list[str]) -> int:
     )
     result = DISPATCH[args.dispatch](groups, cfg)
     result.summary.update(predictor=args.predictor, epoch=args.epoch, trace=str(args.trace))
-    if args.out:
+    if args.out is not None:
         result.write_json(args.out)
     result.summary["command_seconds"] = round(time.perf_counter() - t_start, 3)
     s = result.summary

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.errors import UserError
+from asp_npu.io import check_readable, loads_strict, read_text_file
 from asp_npu.types import PromptItem
+from asp_npu.validation import check_int
 
 LAYOUTS = ("auto", "verl", "mindspeed")
 MINDSPEED_CANDIDATES = {
@@ -30,8 +32,7 @@ def _iter_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(where, row) pairs; `where` is `file:line` for JSONL, `file: row i` (0-based) otherwise."""
     if not path.exists():
         raise UserError(f"{path}: no such dataset file")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected a .jsonl/.json/.parquet file")
+    check_readable(path, ".jsonl/.json/.parquet file")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -41,21 +42,29 @@ def _iter_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise UserError(f"{path}: cannot read Parquet ({str(exc).splitlines()[0]})") from None
         return [(f"{path}: row {i}", r) for i, r in enumerate(rows)]
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, "dataset file")
     if suffix == ".json" and text.lstrip().startswith("["):
         try:
-            rows = json.loads(text)
+            rows = loads_strict(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+        except ValueError as exc:
+            raise UserError(f"{path}: malformed JSON ({exc})") from None
         return [(f"{path}: row {i}", r) for i, r in enumerate(rows)]
     out = []
-    for line_no, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append((f"{path}:{line_no}", json.loads(line)))
+            out.append((f"{path}:{line_no}", loads_strict(line)))
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            torn = " (torn last line?)" if line_no == len(lines) and not text.endswith("\n") else ""
+            raise UserError(
+                f"{path}:{line_no}: malformed JSON ({exc.msg}; column {exc.colno}){torn}"
+            ) from None
+        except ValueError as exc:
+            raise UserError(f"{path}:{line_no}: malformed JSON ({exc})") from None
     return out
 
 
@@ -125,8 +134,17 @@ def load_dataset(
     limit: int | None = None,
 ) -> list[PromptItem]:
     """Read every row into a PromptItem (`prompt_id` = `<file stem>-<row index>`, stable across epochs)."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise UserError(f"dataset layout '{layout}' is not one of {', '.join(LAYOUTS)}")
+    if map_keys is not None and (
+        not isinstance(map_keys, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in map_keys.items())
+    ):
+        raise UserError(f"map_keys must map roles to column names (strings), got {map_keys!r}")
+    if not isinstance(prompt_key, str) or not prompt_key:
+        raise UserError(f"prompt_key must be a column name (got {prompt_key!r})")
+    if limit is not None:
+        check_int("number of prompts", limit, 1, 100_000_000)
     unknown = set(map_keys or {}) - set(MINDSPEED_CANDIDATES)
     if unknown:
         raise UserError(

@@ -22,8 +22,12 @@ from dataclasses import dataclass
 
 from asp_npu.errors import UserError
 from asp_npu.types import PromptItem
+from asp_npu.validation import SEED_MAX, check_float, check_int
 
 DIST_KINDS = ("lognormal", "pareto", "uniform", "bimodal", "fixed")
+
+
+MAX_ITEMS = 1_000_000  # answer items per prompt: far beyond any model's max_tokens
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,19 @@ class LengthDist:
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise UserError(f"length distribution '{self.kind}' is not one of {', '.join(DIST_KINDS)}")
-        if not 1 <= self.min_items <= self.max_items:
+        check_int("length distribution min_items", self.min_items, 1, MAX_ITEMS)
+        check_int("length distribution max_items", self.max_items, 1, MAX_ITEMS)
+        if self.min_items > self.max_items:
             raise UserError(
                 f"length distribution: need 1 <= min_items <= max_items (got {self.min_items}, "
                 f"{self.max_items})"
             )
-        if self.median <= 0 or self.sigma < 0 or self.alpha <= 0 or not 0 <= self.frac_long <= 1:
-            raise UserError("length distribution: median > 0, sigma >= 0, alpha > 0, 0 <= frac_long <= 1")
+        # finite: a NaN median used to pass `<= 0` and fail later in math.floor, mid-run
+        check_float("length distribution median", self.median, 0.0, MAX_ITEMS, lo_open=True)
+        check_float("length distribution median_long", self.median_long, 0.0, MAX_ITEMS, lo_open=True)
+        check_float("length distribution sigma", self.sigma, 0.0, 10.0)
+        check_float("length distribution alpha", self.alpha, 0.0, 100.0, lo_open=True)
+        check_float("length distribution frac_long", self.frac_long, 0.0, 1.0)
 
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
@@ -170,6 +180,8 @@ def make_prompts(task: str, num: int, seed: int = 0, dist: LengthDist | None = N
     `prompt_id` is stable for a given (task, seed, index), so prompts repeat across epochs with the
     same id and the same answer length.
     """
+    check_int("number of prompts", num, 0, 10_000_000)
+    check_int("seed", seed, 0, SEED_MAX)
     names = list(TASKS) if task == "mix" else [task]
     for name in names:
         if name not in GENERATORS:

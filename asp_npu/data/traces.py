@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from asp_npu.errors import UserError
-from asp_npu.io import atomic_write, check_writable, read_jsonl
+from asp_npu.errors import InvalidValue, UserError
+from asp_npu.io import atomic_write, check_readable, check_writable, read_jsonl
+from asp_npu.validation import SEED_MAX, check_float, check_int
 
 FIELDS = ("prompt_id", "epoch", "sample_idx", "prompt_len", "response_len")
 _INT_MAX = 2**31 - 1
@@ -58,6 +59,7 @@ class Trace:
         )
 
     def epoch_rows(self, epoch: int) -> Trace:
+        check_int("epoch", epoch, 0, _INT_MAX)
         if not np.any(self.epoch == epoch):
             have = ", ".join(str(int(e)) for e in self.epochs[:20])
             raise UserError(f"{self.source}: epoch {epoch} is not in the trace (epochs: {have})")
@@ -141,7 +143,10 @@ def _read_fast(path: Path) -> Trace | None:
     if table.num_rows == 0 or any(table.column(f).null_count for f in FIELDS):
         return None
     enc = table.column("prompt_id").combine_chunks().dictionary_encode()
-    names = np.asarray(enc.dictionary.to_pylist(), dtype=str)
+    try:
+        names = np.asarray(enc.dictionary.to_pylist(), dtype=str)
+    except UnicodeDecodeError:  # pyarrow keeps invalid UTF-8 in strings; the slow path names the line
+        return None
     codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     ints = {f: table.column(f).to_numpy().astype(np.int64, copy=False) for f in FIELDS[1:]}
     if np.any(names == ""):
@@ -175,11 +180,7 @@ def _read_fast(path: Path) -> Trace | None:
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a JSONL trace; any defect -> UserError naming `file:line` and what."""
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{p}: no such file")
-    if p.is_dir():
-        raise UserError(f"{p}: is a directory, expected a JSONL trace")
+    p = check_readable(path, "JSONL trace")
     trace = _read_fast(p)
     if trace is None:
         trace = _read_slow(p)
@@ -244,21 +245,30 @@ class SynthParams:
     prompt_corr: float = 0.3  # correlation of log prompt length with difficulty
 
     def validate(self) -> None:
-        for name in ("prompts", "epochs", "n", "max_len", "min_len"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        """Every knob in range (NaN, inf, wrong types refused), so the trace written is one that
+        `read_trace` accepts: lengths positive and below 2^31."""
+        for name in ("prompts", "epochs", "n"):
+            check_int(_flag(name), getattr(self, name), 1, _INT_MAX)
+        check_int(_flag("seed"), self.seed, 0, SEED_MAX)
+        check_int(_flag("max_len"), self.max_len, 1, _INT_MAX)
+        check_int(_flag("min_len"), self.min_len, 1, _INT_MAX)
         if self.min_len > self.max_len:
-            raise UserError(f"--min-len {self.min_len} exceeds --max-len {self.max_len}")
+            raise InvalidValue(f"--min-len {self.min_len} exceeds --max-len {self.max_len}")
         for name in ("median_len", "prompt_median"):
-            if not getattr(self, name) > 0:
-                raise UserError(f"--{name.replace('_', '-')} must be > 0")
+            check_float(_flag(name), getattr(self, name), 0.0, float(_INT_MAX), lo_open=True)
         for name in ("sigma_prompt", "sigma_epoch", "sigma_sample", "prompt_sigma"):
-            if not getattr(self, name) >= 0:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 0")
-        if not -1.0 <= self.prompt_corr <= 1.0:
-            raise UserError("--prompt-corr must be in [-1, 1]")
+            check_float(_flag(name), getattr(self, name), 0.0, MAX_SIGMA)
+        check_float(_flag("drift"), self.drift, -MAX_SIGMA, MAX_SIGMA)
+        check_float(_flag("prompt_corr"), self.prompt_corr, -1.0, 1.0)
         if self.prompts * self.epochs * self.n > 200_000_000:
-            raise UserError("trace would exceed 200M rows")
+            raise InvalidValue("trace would exceed 200M rows")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+MAX_SIGMA = 10.0  # log-space spreads and drift per epoch beyond this are not length distributions
 
 
 def synth_trace(params: SynthParams) -> Trace:
@@ -272,7 +282,7 @@ def synth_trace(params: SynthParams) -> Trace:
     log_prompt = np.log(params.prompt_median) + params.prompt_sigma * (
         rho * z + np.sqrt(max(0.0, 1 - rho * rho)) * rng.standard_normal(P)
     )
-    prompt_len = np.maximum(1, np.round(np.exp(log_prompt))).astype(np.int64)
+    prompt_len = np.clip(np.round(np.exp(np.minimum(log_prompt, 22.0))), 1, _INT_MAX).astype(np.int64)
     wobble = rng.normal(0.0, params.sigma_epoch, (E, P))
     noise = rng.normal(0.0, params.sigma_sample, (E, P, n))
     log_len = (
@@ -311,8 +321,8 @@ def group_table(trace: Trace) -> tuple[np.ndarray, np.ndarray, int]:
     if np.any(sizes != sizes[0]):
         i = int(np.argmax(sizes != sizes[0]))
         raise UserError(
-            f"{trace.source}: groups differ in size ({trace.prompt_names[codes[starts[0]]]!r} has "
-            f"{sizes[0]} samples, {trace.prompt_names[codes[starts[i]]]!r} has {sizes[i]}); "
+            f"{trace.source}: groups differ in size ({str(trace.prompt_names[codes[starts[0]]])!r} has "
+            f"{sizes[0]} samples, {str(trace.prompt_names[codes[starts[i]]])!r} has {sizes[i]}); "
             "GRPO groups must all hold n samples"
         )
     n = int(sizes[0])

@@ -25,6 +25,13 @@ Baselines with the same inputs -- `asp_npu.schedule.baselines`::
     random_plan(groups, cfg) -> RolloutPlan   # shuffled by cfg.seed, same unit size, round-robin
     (unit ids of every plan are a valid global dispatch order: a dynamic executor such as the
      simulator's `async-fifo` mode may ignore the instance assignment and pull units by id)
+    karmarkar_karp(weights, k), lpt_partition(weights, k) -> partition per item  # whole-group
+     balance references (verl's get_seqlen_balanced_partitions method; sort + LPT)
+
+Skewness balances predicted *tokens* per instance (`asp_npu.schedule.skewness`: rows of groups dealt
+one per instance, units cut per instance, then group swaps between neighbouring lengths); the spread
+of the instance loads is at most the largest unit, and equal to Karmarkar-Karp's on predictions
+whenever every instance gets several units (benchmarks/plan_balance.py).
 
 Cost model -- `asp_npu.schedule.cost.CostModel(a=0.0535, b=0.00035, c=0.0)`: one decode step of a
 continuous batch takes `a + b*batch + c*kv_tokens` seconds (defaults: public Ascend figure, ANCHORS.md).
@@ -43,11 +50,12 @@ Output -- `asp_npu.schedule.plan`::
                           # lower_bound, makespan_ratio, plan_seconds, plan_cpu_seconds, minibatch,
                           # max_lag, trainer_steps, predicted_trainer_end, admission_wait_s,
                           # trainer_idle_s, max_planned_lag, mean_planned_lag, dispatch, ordering, seed,
+                          # predicted_load_imbalance (seconds), predicted_token_imbalance,
                           # warnings (e.g. the lag bound leaves instances idle)
         columnar views: unit_instance, unit_start, unit_finish, unit_target_step, unit_offsets,
         unit_sizes, sample_unit, sample_group, sample_prompt_ids, sample_idx, sample_predicted_len,
         trainer_step_end, instance_units (list of unit-id arrays in execution order)
-        .to_json() -> str, .write_json(path) (streaming, atomic),
+        .to_json() -> str, .write_json(path) (atomic and durable; refuses non-finite times),
         RolloutPlan.from_json(text), RolloutPlan.read_json(path)
 
     JSON schema "asp-plan/1": {"schema": "asp-plan/1", "instances": [{"instance": i, "units":

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asp_npu.errors import InvalidValue
+from asp_npu.validation import check_float
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -27,8 +30,11 @@ class CostModel:
     c: float = 0.0  # seconds per KV-cache token per step
 
     def __post_init__(self) -> None:
-        if min(self.a, self.b, self.c) < 0 or self.a + self.b <= 0:
-            raise ValueError(f"cost model needs a, b, c >= 0 and a + b > 0 (got {self})")
+        # finite and bounded: a NaN here used to pass `< 0` checks and stall the timeline forever
+        for name in ("a", "b", "c"):
+            check_float(f"cost model {name} (seconds)", getattr(self, name), 0.0, 1e6)
+        if self.a + self.b <= 0:
+            raise InvalidValue(f"cost model needs a + b > 0 (got a={self.a}, b={self.b})")
 
     def step_seconds(self, batch: float, kv_tokens: float = 0.0) -> float:
         return self.a + self.b * batch + self.c * kv_tokens

@@ -20,7 +20,13 @@ def groups_per_unit(
     cap = max(1, min(minibatch, max_num_seqs) // group_size)
     if num_groups >= num_instances:
         cap = min(cap, max(1, num_groups // num_instances))
-    return max(d for d in range(1, per_mb + 1) if per_mb % d == 0 and d <= cap)
+    return max(d for d in divisors(per_mb) if d <= cap)
+
+
+def divisors(x: int) -> list[int]:
+    """Every divisor of `x` >= 1 (trial division to sqrt(x): fast even for a minibatch near 2^31)."""
+    small = [d for d in range(1, int(x**0.5) + 1) if x % d == 0]
+    return small + [x // d for d in reversed(small) if d * d != x]
 
 
 def length_order(key: np.ndarray, seed: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from asp_npu.data.traces import json_escaped
 from asp_npu.errors import UserError
-from asp_npu.io import atomic_write, check_writable
+from asp_npu.io import atomic_write, check_readable, check_writable, loads_strict
 from asp_npu.types import LengthEstimate
 
 SCHEMA = "asp-plan/1"
@@ -206,22 +206,29 @@ class RolloutPlan:
                 )
             yield "]}"
         ends = ", ".join(f"{e:.6g}" for e in np.asarray(self.trainer_step_end).tolist())
-        yield f'], "trainer": {{"step_end": [{ends}]}}, "summary": {json.dumps(self.summary)}}}\n'
+        summary = json.dumps(self.summary, allow_nan=False)
+        yield f'], "trainer": {{"step_end": [{ends}]}}, "summary": {summary}}}\n'
 
     def to_json(self) -> str:
         return "".join(self._json_chunks())
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
-        """Atomic: readers see the old file or the whole plan, never half of it."""
+        """Atomic: readers see the old file or the whole plan, never half of it. Times must be finite
+        (JSON has no Infinity; `PlannerConfig.validate` keeps every input finite)."""
         check_writable(path)
+        times = (self.unit_start, self.unit_finish, np.asarray(self.trainer_step_end, dtype=np.float64))
+        if not all(np.all(np.isfinite(t)) for t in times):
+            raise ValueError("plan holds non-finite times; refusing to write invalid JSON")
         return atomic_write(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RolloutPlan:
         try:
-            obj = json.loads(text)
+            obj = loads_strict(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"plan is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except ValueError as exc:  # undecodable bytes, NaN/Infinity literals
+            raise UserError(f"plan is not valid JSON ({str(exc).splitlines()[0][:120]})") from None
         if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
             raise UserError(
                 f"plan schema is {obj.get('schema') if isinstance(obj, dict) else None!r}, "
@@ -243,9 +250,12 @@ class RolloutPlan:
                         si.append(int(s["sample_idx"]))
                         sp.append(int(s["predicted_len"]))
                     offsets.append(len(si))
-        except (KeyError, TypeError, ValueError) as exc:
+            summary = obj.get("summary", {})
+            n_inst = int(summary.get("instances", max(uinst, default=-1) + 1))
+            step_end = np.asarray(obj.get("trainer", {}).get("step_end", []), dtype=np.float64)
+            summary = dict(summary)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise UserError(f"plan does not follow {SCHEMA}: {exc!r}") from None
-        n_inst = int(obj.get("summary", {}).get("instances", max(uinst, default=-1) + 1))
         # store units in unit-id order
         ids = np.asarray(uid, dtype=np.int64)
         order = np.argsort(ids, kind="stable")
@@ -269,13 +279,14 @@ class RolloutPlan:
             np.asarray(ufin, dtype=np.float64)[order],
             np.asarray(ustep, dtype=np.int64)[order],
             n_inst,
-            np.asarray(obj.get("trainer", {}).get("step_end", []), dtype=np.float64),
-            dict(obj.get("summary", {})),
+            step_end,
+            summary,
         )
 
     @classmethod
     def read_json(cls, path: str | os.PathLike[str]) -> RolloutPlan:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"{p}: no such plan file")
-        return cls.from_json(p.read_bytes())
+        p = check_readable(path, "plan file")
+        try:
+            return cls.from_json(p.read_bytes())
+        except UserError as exc:
+            raise UserError(f"{p}: {exc}") from None

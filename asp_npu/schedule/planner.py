@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asp_npu.errors import InvalidValue
 from asp_npu.schedule.cost import CostModel, group_kv_token_steps
 from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
 from asp_npu.schedule.plan import Groups, RolloutPlan
-from asp_npu.schedule.skewness import balance
+from asp_npu.schedule.skewness import balance, deal, lpt, polish
 from asp_npu.schedule.sorting import ORDERINGS, instance_orders
 from asp_npu.schedule.timeline import Timeline, timeline
+from asp_npu.validation import INT32_MAX, SEED_MAX, check_float, check_int
+
+MAX_INSTANCES = 65536  # rollout instances one plan may address
 
 
 @dataclass(frozen=True)
@@ -32,20 +36,46 @@ class PlannerConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.num_instances < 1:
-            raise ValueError(f"num_instances must be >= 1 (got {self.num_instances})")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1 (got {self.group_size})")
-        if self.minibatch < 1 or self.minibatch % self.group_size:
-            raise ValueError(
+        """Every field in range (NaN and inf refused): raises InvalidValue (a ValueError)."""
+        check_int("num_instances", self.num_instances, 1, MAX_INSTANCES)
+        check_int("group_size", self.group_size, 1, INT32_MAX)
+        check_int("minibatch", self.minibatch, 1, INT32_MAX)
+        if self.minibatch % self.group_size:
+            raise InvalidValue(
                 f"minibatch {self.minibatch} is not a positive multiple of the group size {self.group_size}"
             )
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
-        if self.max_lag < 0:
-            raise ValueError(f"max_lag must be >= 0 (got {self.max_lag})")
-        if self.train_step_s < 0:
-            raise ValueError(f"train_step_s must be >= 0 (got {self.train_step_s})")
+        check_int("max_num_seqs", self.max_num_seqs, 1, INT32_MAX)
+        check_int("max_lag", self.max_lag, 0, INT32_MAX)
+        check_float("train_step_s", self.train_step_s, 0.0, 1e9)
+        check_int("seed", self.seed, 0, SEED_MAX)
+        if not isinstance(self.cost, CostModel):
+            raise InvalidValue(f"cost must be a CostModel (got {type(self.cost).__name__})")
+
+
+def check_plan_flags(
+    epoch: int,
+    instances: int,
+    minibatch: int,
+    max_num_seqs: int,
+    max_lag: int,
+    train_step_s: float,
+    cost_abc: tuple[float, float, float],
+    seed: int,
+) -> CostModel:
+    """`asp-npu plan`'s numbers, named by their flags, before the trace is read (the group size is
+    checked after); returns the cost model."""
+    check_int("--epoch", epoch, 0, INT32_MAX)
+    check_int("--instances", instances, 1, MAX_INSTANCES)
+    check_int("--minibatch", minibatch, 1, INT32_MAX)
+    check_int("--max-num-seqs", max_num_seqs, 1, INT32_MAX)
+    check_int("--max-lag", max_lag, 0, INT32_MAX)
+    check_float("--train-step-s", train_step_s, 0.0, 1e9)
+    for flag, v in zip(("--cost-a", "--cost-b", "--cost-c"), cost_abc, strict=True):
+        check_float(flag, v, 0.0, 1e6)
+    check_int("--seed", seed, 0, SEED_MAX)
+    cost = CostModel(*cost_abc)
+    PlannerConfig(instances, minibatch, 1, max_num_seqs, max_lag, train_step_s, cost, seed).validate()
+    return cost
 
 
 @dataclass
@@ -74,10 +104,21 @@ def unit_costs(
     return cfg.cost.unit_seconds(longest, tokens, cfg.max_num_seqs, kv)
 
 
+def unit_size(groups: Groups, cfg: PlannerConfig) -> int:
+    """Groups per unit (the same for ASP and the baselines, whatever order they cut)."""
+    return groups_per_unit(cfg.minibatch, cfg.group_size, cfg.max_num_seqs, len(groups), cfg.num_instances)
+
+
 def make_units(groups: Groups, cfg: PlannerConfig, order: np.ndarray) -> UnitTable:
-    """Cut `order` (group ids) into units of `groups_per_unit` groups; the remainder unit goes last."""
-    c = groups_per_unit(cfg.minibatch, cfg.group_size, cfg.max_num_seqs, len(groups), cfg.num_instances)
-    group_order, offsets = cut_units(order, c)
+    """Cut `order` (group ids) into units of `unit_size` groups; the remainder unit goes last."""
+    c = unit_size(groups, cfg)
+    return unit_table(groups, cfg, *cut_units(order, c), c)
+
+
+def unit_table(
+    groups: Groups, cfg: PlannerConfig, group_order: np.ndarray, offsets: np.ndarray, c: int
+) -> UnitTable:
+    """Units of `c` groups (the last may be smaller: the remainder) with their predicted seconds."""
     sizes = np.diff(offsets) * cfg.group_size
     last = int(sizes.size - 1) if sizes.size and sizes[-1] != c * cfg.group_size else -1
     return UnitTable(group_order, offsets, unit_costs(groups, group_order, offsets, cfg), sizes, last)
@@ -186,6 +227,10 @@ def assemble(
     loads = (
         np.bincount(assign, weights=units.seconds, minlength=cfg.num_instances) if u_count else np.zeros(1)
     )
+    unit_tokens = np.add.reduceat(groups.mean[units.group_order], units.offsets[:-1]) if u_count else None
+    tokens = (
+        np.bincount(assign, weights=unit_tokens, minlength=cfg.num_instances) if u_count else np.zeros(1)
+    )
     makespan = float(tl.finish.max()) if u_count else 0.0
     lower = float(max(units.seconds.sum() / cfg.num_instances, units.seconds.max())) if u_count else 0.0
     lag = tl.target_step - tl.version
@@ -204,6 +249,9 @@ def assemble(
         "makespan_ratio": round(makespan / lower, 4) if lower > 0 else 1.0,
         "predicted_load_imbalance": round(float(loads.max() / loads.mean() - 1), 5)
         if loads.mean() > 0
+        else 0.0,
+        "predicted_token_imbalance": round(float(tokens.max() / tokens.mean() - 1), 5)
+        if tokens.mean() > 0
         else 0.0,
         "trainer_steps": int(tl.step_end.size),
         "predicted_trainer_end": round(float(tl.step_end[-1]), 4) if tl.step_end.size else 0.0,
@@ -247,23 +295,63 @@ def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
         raise ValueError(f"groups hold {groups.group_size} samples, config says group_size={cfg.group_size}")
 
 
+MIN_DEAL_ROWS = 4  # deal rows only when a unit then spans at most 1/4 of the length ranks
+POLISH_WINDOW_ROWS = 4  # group swaps reach this many rows of K ranks (a unit spans K*c ranks)
+
+
+def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable, np.ndarray, np.ndarray]:
+    """Padding + skewness: (units, instance per unit, mask of units other than the remainder).
+
+    Groups ranked by predicted length are dealt in rows (`skewness.deal`: every instance the same
+    mix of lengths), each instance's groups cut in rank order into units of `c` (length-homogeneous:
+    a unit spans `K*c` consecutive ranks, at most 1/MIN_DEAL_ROWS of them; with fewer rows than that
+    nothing is dealt); the ranks left over (fewer than a row of units) are cut globally, the
+    remainder unit last, and placed longest first on the least-loaded instance. Then
+    `skewness.polish` evens the predicted token loads by swapping groups of neighbouring ranks.
+    Units are never made smaller than `unit_size` to balance: with fewer than two units per instance
+    the longest unit can exceed the mean load, and smaller units cost a blocking executor far more
+    than the imbalance (measured: benchmarks/plan_balance.py docstring).
+    """
+    k, n_groups = cfg.num_instances, len(groups)
+    order = length_order(groups.mean, cfg.seed)
+    rank = np.empty(n_groups, dtype=np.int64)
+    rank[order] = np.arange(n_groups)
+    inst_of_rank, full = deal(groups.mean[order], k, c)
+    if full < MIN_DEAL_ROWS * k * c:  # too few rows: dealt units would span too wide a length range
+        inst_of_rank, full = inst_of_rank[:0], 0
+    by_instance = np.argsort(inst_of_rank, kind="stable")  # each instance's ranks, ascending
+    rest_order, rest_offsets = cut_units(order[full:], c)
+    group_order = np.concatenate([order[by_instance], rest_order])
+    offsets = np.r_[np.arange(0, full, c), full + rest_offsets].astype(np.int64)
+    units = unit_table(groups, cfg, group_order, offsets, c)
+    tokens = np.add.reduceat(groups.mean[group_order], offsets[:-1]) if offsets.size > 1 else np.zeros(0)
+    m_full = full // c
+    assign = np.empty(tokens.size, dtype=np.int64)
+    assign[:m_full] = np.arange(m_full) // max(1, m_full // k)
+    movable = np.ones(tokens.size, dtype=bool)
+    if units.last_unit >= 0:
+        movable[units.last_unit] = False
+    rest = np.flatnonzero(movable[m_full:]) + m_full
+    if m_full == 0:
+        assign[rest] = balance(tokens[rest], k)
+    else:
+        assign[rest] = lpt(tokens[rest], k, np.bincount(assign[:m_full], tokens[:m_full], minlength=k))
+    if units.last_unit >= 0:
+        loads = np.bincount(assign[movable], weights=tokens[movable], minlength=k)
+        assign[units.last_unit] = int(np.argmin(loads))
+    inst_at = np.repeat(assign, np.diff(offsets))
+    swapped = polish(groups.mean, group_order, inst_at, rank, k, window=POLISH_WINDOW_ROWS * k)
+    return unit_table(groups, cfg, swapped, offsets, c), assign, movable
+
+
 def plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan:
     """Plan every sample of `groups` on `cfg.num_instances` instances (padding, skewness, sorting)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
     check_inputs(groups, cfg)
     # padding: length-homogeneous units, cut from the longest end (remainder = shortest, runs last)
-    units = make_units(groups, cfg, length_order(groups.mean, cfg.seed))
-    # skewness: balance predicted seconds across instances; the remainder unit is placed after
-    movable = np.ones(units.seconds.size, dtype=bool)
-    if units.last_unit >= 0:
-        movable[units.last_unit] = False
-    assign = np.zeros(units.seconds.size, dtype=np.int64)
-    ids = np.flatnonzero(movable)
-    assign[ids] = balance(units.seconds[ids], cfg.num_instances)
-    if units.last_unit >= 0:
-        loads = np.bincount(assign[ids], weights=units.seconds[ids], minlength=cfg.num_instances)
-        assign[units.last_unit] = int(np.argmin(loads))
+    c = unit_size(groups, cfg)
+    units, assign, movable = skewed_units(groups, cfg, c)
     # sorting: candidate orders (remainder unit last), each timed under the lag rule on the
     # predicted costs; keep the one whose last trainer step ends first
     mine = [np.flatnonzero((assign == k) & movable) for k in range(cfg.num_instances)]

@@ -1,9 +1,22 @@
-"""Skewness: place units on instances so the predicted makespan is balanced and the tail is spread.
+"""Skewness: place groups and units on instances so every instance gets the same predicted token load.
 
-LPT (longest unit first onto the least-loaded instance: the K longest units land on K different
-instances), then local refinement between the most and a less loaded instance: the single move or
-pairwise swap that most reduces their larger load, until none helps. Deterministic: ties go to the
-lower instance index.
+Balanced on predicted tokens (what a continuous-batching engine's busy time follows, and what
+Karmarkar-Karp balances in verl's `get_seqlen_balanced_partitions`, which `baselines.karmarkar_karp`
+reimplements as the reference), in three steps the planner (`planner.skewed_units`) chains:
+1. `deal`: groups ranked by predicted length, in rows of K, one per instance (the heaviest of a row to
+   the least-loaded instance): every instance holds the same mix of lengths, so also the same share
+   of the long tail whose prediction errors are largest; each instance then cuts its groups in rank
+   order into units (length-homogeneous: a unit spans K*c consecutive ranks);
+2. `lpt` (+ `refine` when nothing could be dealt): the units left over, longest first onto the
+   least-loaded instance; `refine` moves or swaps whole units between the most and a less loaded one;
+3. `polish`: below unit granularity, swap single *groups* between instances, only between groups
+   whose length ranks are within `window` of each other, so a unit keeps groups of neighbouring
+   lengths (its rank band widens by at most `window` on each side: padding is kept) while the load
+   moves in steps as fine as two neighbouring groups differ.
+Dealing keeps any two loads within the largest group, `lpt` within the largest unit, and `refine` and
+`polish` only ever lower the larger of two loads (never below the smaller): the spread of the final
+loads is at most the largest unit (tests/schedule/test_properties.py). Deterministic; bounded by
+round counts, never by wall time.
 """
 
 from __future__ import annotations
@@ -13,10 +26,12 @@ import heapq
 import numpy as np
 
 
-def lpt(costs: np.ndarray, num_instances: int) -> np.ndarray:
-    """Instance index per unit (longest processing time first)."""
+def lpt(costs: np.ndarray, num_instances: int, loads: np.ndarray | None = None) -> np.ndarray:
+    """Instance index per unit (longest processing time first), on top of `loads` if given."""
     order = np.argsort(-costs, kind="stable")
-    heap = [(0.0, k) for k in range(num_instances)]
+    start = [0.0] * num_instances if loads is None else [float(x) for x in loads]
+    heap = [(start[k], k) for k in range(num_instances)]
+    heapq.heapify(heap)
     assign = np.empty(costs.shape[0], dtype=np.int64)
     c = costs.tolist()
     push, pop = heapq.heappush, heapq.heappop
@@ -63,7 +78,9 @@ def refine(
         return assign
     max_rounds = 4 * num_instances + 64 if max_rounds is None else max_rounds
     loads = np.bincount(assign, weights=costs, minlength=num_instances)
-    members = [list(np.flatnonzero(assign == k)) for k in range(num_instances)]
+    by_inst = np.argsort(assign, kind="stable")
+    cuts = np.searchsorted(assign[by_inst], np.arange(1, num_instances))
+    members = [list(m) for m in np.split(by_inst, cuts)]
     for _ in range(max_rounds):
         i = int(np.argmax(loads))
         improved = False
@@ -98,3 +115,86 @@ def refine(
 def balance(costs: np.ndarray, num_instances: int) -> np.ndarray:
     """Instance per unit: LPT then refinement."""
     return refine(costs, lpt(costs, num_instances), num_instances)
+
+
+def deal(weights_desc: np.ndarray, num_instances: int, per_unit: int) -> tuple[np.ndarray, int]:
+    """Instance per rank for the first `full` ranks of a descending load list, and `full`.
+
+    Rows of `num_instances` consecutive ranks (groups of nearly equal predicted length) are dealt one
+    per instance, the heaviest of a row to the least-loaded instance, for as many whole rows as give
+    every instance whole units (`full` = a multiple of `num_instances * per_unit`). Every instance
+    then holds the same mix of lengths: the same share of the long tail, whose prediction errors are
+    the largest, so the loads also agree on the actual lengths.
+    """
+    k = num_instances
+    full = (weights_desc.shape[0] // (k * per_unit)) * k * per_unit
+    inst = np.empty(full, dtype=np.int64)
+    loads = np.zeros(k)
+    rows = np.asarray(weights_desc[:full], dtype=np.float64).reshape(-1, k)
+    for r in range(rows.shape[0]):
+        ks = np.argsort(loads, kind="stable")  # least loaded first; the row is heaviest first
+        inst[r * k : (r + 1) * k] = ks
+        loads[ks] += rows[r]
+    return inst, full
+
+
+def polish(
+    weights: np.ndarray,
+    group_at: np.ndarray,
+    inst_at: np.ndarray,
+    rank: np.ndarray,
+    num_instances: int,
+    window: int,
+    max_rounds: int | None = None,
+    tol: float = 1e-6,
+) -> np.ndarray:
+    """Swap groups between instances to even out their loads; returns the new `group_at` (a copy).
+
+    `group_at[p]`: group at position p of the unit layout (units are contiguous position ranges, so a
+    position's instance `inst_at[p]` is fixed); `weights[g]`, `rank[g]`: group g's load and its rank
+    by predicted length (0 = longest). A swap of positions p (instance i, the most loaded) and q
+    (instance j) is allowed only when each group lands within `window` ranks of the group that held
+    that position at the start (so a unit's rank band widens by at most `window` on each side), and
+    taken when it lowers max(load_i, load_j): the swap that lowers it most, over every j, each round.
+    """
+    n = int(group_at.shape[0])
+    out = np.asarray(group_at, dtype=np.int64).copy()
+    if num_instances < 2 or n < 2 or window < 1:
+        return out
+    window = min(window, n - 1)  # farther ranks do not exist
+    w = np.asarray(weights, dtype=np.float64)
+    rank = np.asarray(rank, dtype=np.int64)
+    home = rank[out]  # position -> rank of the group it held at the start
+    pos_of_home = np.empty(n, dtype=np.int64)
+    pos_of_home[home] = np.arange(n)
+    inst = np.asarray(inst_at, dtype=np.int64)
+    loads = np.bincount(inst, weights=w[out], minlength=num_instances)
+    by_inst = np.argsort(inst, kind="stable")
+    members = np.split(by_inst, np.searchsorted(inst[by_inst], np.arange(1, num_instances)))
+    max_rounds = 32 * num_instances + 256 if max_rounds is None else max_rounds
+    offs = np.r_[np.arange(-window, 0), np.arange(1, window + 1)]
+    for _ in range(max_rounds):
+        i = int(np.argmax(loads))
+        mean = float(loads.mean())
+        if mean <= 0 or loads[i] <= mean * (1 + tol):
+            break
+        p = members[i]
+        gp = out[p]
+        r = rank[gp][:, None] + offs[None, :]  # gp would go where the group of rank r started
+        ok = (r >= 0) & (r < n)
+        qs = pos_of_home[np.where(ok, r, 0)]
+        j = inst[qs]
+        gq = out[qs]
+        ok &= (j != i) & (np.abs(rank[gq] - home[p][:, None]) <= window)
+        delta = w[gp][:, None] - w[gq]
+        gain = np.where(ok, np.minimum(delta, loads[i] - loads[j] - delta), 0.0)  # fall of max(i, j)
+        a = int(np.argmax(gain))
+        if gain.flat[a] <= 1e-12 * mean:
+            break
+        row, col = divmod(a, offs.size)
+        pa, qa, jj, d = int(p[row]), int(qs[row, col]), int(j[row, col]), float(delta[row, col])
+        out[pa], out[qa] = out[qa], out[pa]
+        loads[i] -= d
+        loads[jj] += d
+    return out
+

@@ -20,6 +20,7 @@ So every sample is consumed by a step s with `s - version <= max_lag` (checked, 
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
@@ -53,6 +54,11 @@ def timeline(
     last_unit: int = -1,
 ) -> Timeline:
     M, L, T = minibatch, max_lag, train_step_s
+    # a NaN or inf time never orders in the event heap: the loop below would never end
+    if not (np.all(np.isfinite(seconds)) and np.all(seconds >= 0) and math.isfinite(T) and T >= 0):
+        raise ValueError("timeline needs finite, non-negative unit seconds and train_step_s")
+    if M < 1 or L < 0:
+        raise ValueError(f"timeline needs minibatch >= 1 and max_lag >= 0 (got {M}, {L})")
     u_count = int(seconds.size)
     total = int(sizes.sum())
     sec, sz = seconds.tolist(), sizes.tolist()

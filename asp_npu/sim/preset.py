@@ -10,15 +10,16 @@ own numbers, and the preset records which ones it used (`Preset.notes`).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from asp_npu.errors import UserError
+from asp_npu.errors import InvalidValue, UserError
+from asp_npu.io import read_json_file, read_text_file
 from asp_npu.sim.calibrate import SCHEMA as CALIB_SCHEMA
 from asp_npu.sim.cost import SimCost
+from asp_npu.validation import INT32_MAX, check_float, check_int
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
 
@@ -134,7 +135,7 @@ def load_preset(
 
     path = resolve_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text_file(path, "preset YAML"))
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -143,8 +144,12 @@ def load_preset(
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise UserError(f"{path}: unknown key '{unknown[0]}' (known: {', '.join(sorted(allowed))})")
+    if not isinstance(data.get("sources") or {}, dict):
+        raise UserError(f"{path}: sources: expected a mapping, got {type(data['sources']).__name__}")
     cluster = _build(Cluster, data.get("cluster"), f"{path}: cluster")
     workload = _build(WorkloadSpec, data.get("workload"), f"{path}: workload")
+    if workload.trace is not None and not isinstance(workload.trace, str):
+        raise UserError(f"{path}: workload.trace must be a file path (got {workload.trace!r})")
     rl = _build(RLSpec, data.get("rl"), f"{path}: rl")
     cost = _build(SimCost, data.get("cost"), f"{path}: cost")
     notes: list[str] = []
@@ -196,8 +201,46 @@ def _override(overrides: dict[str, Any], *sections: Any) -> tuple[Any, ...]:
     )
 
 
+def _number_problems(section: str, obj: Any) -> list[str]:
+    """Every number of a section finite, non-negative and within int32 / 1e9 (NaN, inf refused)."""
+    bad = []
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        try:
+            if isinstance(v, int):
+                check_int(f"{section}.{f.name}", v, 0, INT32_MAX)
+            else:
+                check_float(f"{section}.{f.name}", v, 0.0, 1e9)
+        except InvalidValue as exc:
+            bad.append(str(exc))
+    return bad
+
+
+def _workload_problems(w: WorkloadSpec) -> list[str]:
+    if w.trace is not None and not isinstance(w.trace, str):
+        return [f"workload.trace must be a file path (got {w.trace!r})"]
+    if not isinstance(w.synth, dict):
+        return [f"workload.synth must be a mapping of generator knobs (got {w.synth!r})"]
+    from asp_npu.data.traces import SynthParams
+
+    known = {f.name for f in fields(SynthParams)}
+    unknown = sorted(set(w.synth) - known)
+    if unknown:
+        return [f"workload.synth: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})"]
+    try:
+        SynthParams(**{"n": w.n_samples_per_prompt, **w.synth}).validate()
+    except UserError as exc:
+        return [f"workload.synth: {exc}"]
+    return []
+
+
 def validate(p: Preset) -> list[str]:
-    bad = list(p.cost.validate())
+    bad = [x for sec in ("cluster", "workload", "rl", "cost") for x in _number_problems(sec, getattr(p, sec))]
+    if bad:
+        return bad
+    bad = list(p.cost.validate()) + _workload_problems(p.workload)
     c, w, r = p.cluster, p.workload, p.rl
     for name in ("devices", "infer_tp", "max_num_seqs", "min_trainer_devices", "sweep_trainer_devices"):
         if getattr(c, name) < 1:
@@ -236,19 +279,16 @@ def validate(p: Preset) -> list[str]:
         bad.append(f"rl.executor must be stream|unit (got {r.executor!r})")
     if r.predictor not in ("history", "prompt-len", "oracle"):
         bad.append(f"rl.predictor must be history|prompt-len|oracle (got {r.predictor!r})")
-    if w.trace is not None and not Path(w.trace).is_file():
+    if isinstance(w.trace, str) and not Path(w.trace).is_file():
         bad.append(f"workload.trace: {w.trace} not found")
     return bad
 
 
 def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
     """Overlay an `asp-calib/1` file on `cost`; null fields keep the preset's default (and say so)."""
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: calibration file not found (run `asp-npu calibrate --out {path}` first)")
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: malformed JSON ({exc.msg})") from None
+    d = read_json_file(path, "calibration file")
     if not isinstance(d, dict) or d.get("schema") != CALIB_SCHEMA:
         raise UserError(f"{path}: not an {CALIB_SCHEMA} calibration file")
     notes = [f"calibration: {path} (model {d.get('model', '?')})"]
@@ -268,6 +308,7 @@ def _take(v: Any, attr: str, key: str, upd: dict, notes: list[str], cost: SimCos
     if v is None:
         notes.append(f"{key}: not measured in {path.name}; preset default {getattr(cost, attr)} used")
         return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise UserError(f"{path}: {key} must be a number >= 0 (got {v!r})")
-    upd[attr] = float(v)
+    try:
+        upd[attr] = check_float(f"{path}: {key}", v, 0.0, 1e9)
+    except InvalidValue as exc:
+        raise UserError(str(exc)) from None

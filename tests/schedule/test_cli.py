@@ -99,7 +99,7 @@ def _bad_trace(tmp_path, text: str):
         ("missing", "bad.jsonl:2: missing field 'response_len'"),
         ("nonpositive", "bad.jsonl:2: field 'response_len' must be a positive"),
         ("epoch", "epoch 5 is not in the trace"),
-        ("k", "--instances must be >= 1"),
+        ("k", "--instances must be an integer in [1, "),
         ("minibatch", "--minibatch 6 is not a multiple of the group size 4"),
         ("unwritable", "does not exist"),
         ("outdir", "is a directory"),

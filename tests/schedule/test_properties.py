@@ -6,9 +6,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asp_npu.schedule.baselines import fifo_plan, random_plan
+from asp_npu.schedule.baselines import fifo_plan, karmarkar_karp, random_plan
+from asp_npu.schedule.padding import length_order
 from asp_npu.schedule.plan import RolloutPlan
-from asp_npu.schedule.planner import PlannerConfig, check_lag_bound, plan
+from asp_npu.schedule.planner import POLISH_WINDOW_ROWS, PlannerConfig, check_lag_bound, plan
 
 from .helpers import SHAPES, make_groups
 
@@ -92,3 +93,45 @@ def test_json_roundtrip(case) -> None:
     assert np.array_equal(back.unit_target_step, result.unit_target_step)
     assert np.allclose(back.unit_start, result.unit_start, rtol=1e-5)
     assert back.summary == result.summary
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_asp_balance_and_homogeneity(case) -> None:
+    """Skewness bound: instance token loads differ by at most the largest unit (rows dealt heaviest
+    to least loaded, leftover units longest first, swaps that only lower the larger of two loads);
+    padding kept: a unit's groups lie within K*c + 2*POLISH_WINDOW_ROWS*K consecutive length ranks."""
+    groups, cfg = case
+    result = plan(groups, cfg)
+    n = cfg.group_size
+    first = np.arange(0, result.num_samples, n)
+    g_of = result.sample_group[first]
+    u_of = result.sample_unit[first]
+    k = cfg.num_instances
+    loads = np.bincount(result.unit_instance[u_of], weights=groups.mean[g_of], minlength=k)
+    unit_tokens = np.bincount(u_of, weights=groups.mean[g_of])
+    if result.num_units >= k:
+        assert loads.max() - loads.min() <= unit_tokens.max() * (1 + 1e-9) + 1e-9
+    rank = np.empty(len(groups), dtype=np.int64)
+    rank[length_order(groups.mean, cfg.seed)] = np.arange(len(groups))
+    c = int(result.unit_sizes.max()) // n
+    r = rank[g_of]
+    span = np.maximum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
+    span -= np.minimum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
+    assert span.max() <= k * c - 1 + 2 * POLISH_WINDOW_ROWS * k
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.5, 1e5), min_size=1, max_size=200),
+    st.integers(1, 12),
+)
+def test_karmarkar_karp_partitions_every_item_once(weights, k) -> None:
+    w = np.asarray(weights)
+    part = karmarkar_karp(w, k)
+    assert part.shape == w.shape and part.min() >= 0 and part.max() < k
+    loads = np.bincount(part, weights=w, minlength=k)
+    # largest differencing never ends further apart than the largest item
+    assert loads.max() - loads.min() <= w.max() * (1 + 1e-9)
+    if w.size >= k:
+        assert np.unique(part).size == k
