@@ -205,5 +205,5 @@ def _prepare_model(cfg: Config) -> None:
     from asp_npu.data.init_model import build_model_dir, check_model_dir
 
     if not Path(cfg.model.path).exists() and cfg.model.build_if_missing:
-        build_model_dir(cfg.model.path, cfg.model.size, seed=cfg.data.seed)
+        build_model_dir(cfg.model.path, cfg.model.size, seed=cfg.data.seed, arch=cfg.model.architecture)
     check_model_dir(cfg.model.path)

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,8 @@ class TrainerWorker:
         self.model_path = model_path or cfg.model.path
         self.dims = ModelDims.from_hf_dir(self.model_path)
         self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
-                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size)
+                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size,
+                                   act.expert_model_parallel_size)
         self.kind = device.detect(cfg.trainer.device)
         cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
             if act.cpu_cores and self.kind == "cpu" else []
@@ -166,7 +168,7 @@ class TrainerWorker:
         self.loss_cfg = loss_config(cfg)
         self.step = 0
         self.version = 0
-        self._build(device.megatron_config_overrides(self.kind))
+        self._build({**device.megatron_config_overrides(self.kind), **self._moe_settings()})
 
     # ------------------------------------------------------------------ construction
     def _build(self, overrides: dict[str, Any]) -> None:
@@ -189,6 +191,28 @@ class TrainerWorker:
         self.master = self.params if dtype == "float32" else [p.detach().float().clone() for p in self.params]
         self.optimizer = torch.optim.AdamW(self.master, lr=act.lr, weight_decay=act.weight_decay,
                                            betas=(0.9, 0.999), eps=1e-8)
+
+    def _moe_settings(self) -> dict[str, Any]:
+        """MoE training settings from model.arch (aux-loss coefficient: the HF config's by default)."""
+        if not self.dims.num_experts:
+            return {}
+        import json
+
+        a = self.cfg.model.arch
+        hf = json.loads((Path(self.model_path) / "config.json").read_text())
+        return {"moe_aux_loss_coeff": a.moe_aux_loss_coeff or float(hf.get("router_aux_loss_coef", 1e-3)),
+                "moe_router_load_balancing_type": a.moe_router_load_balancing_type}
+
+    def _moe_aux_loss(self) -> float:
+        """Load-balancing loss of the last step summed over layers (megatron's tracker), then cleared."""
+        if not self.dims.num_experts:
+            return 0.0
+        from megatron.core.transformer.moe import moe_utils
+
+        tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+        total = sum(float(v["values"].sum()) for v in tracker.values() if "values" in v)
+        moe_utils.clear_aux_losses_tracker()
+        return total
 
     # ------------------------------------------------------------------ parallel helpers
     @staticmethod
@@ -274,24 +298,37 @@ class TrainerWorker:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.layout.dp > 1:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-            dist.all_reduce(flat, group=ps.get_data_parallel_group())
-            off = 0
-            for p in self.params:
-                n = p.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
-                off += n
+        # MoE experts (megatron marks them allreduce=False) are summed over the expert-data-parallel
+        # ranks only: the other data-parallel ranks hold other experts
+        experts = [p for p in self.params if not getattr(p, "allreduce", True)]
+        dense = [p for p in self.params if getattr(p, "allreduce", True)]
+        for params, group, size in ((dense, ps.get_data_parallel_group(), self.layout.dp),
+                                    (experts, ps.get_expert_data_parallel_group(),
+                                     self.layout.dp // self.layout.ep)):
+            if size > 1 and params:
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat, group=group)
+                off = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                    off += n
         shared = None
         if self.dims.tie_word_embeddings and self.layout.pp > 1 and ps.is_rank_in_embedding_group():
             shared = self.model.shared_embedding_or_output_weight()
             dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-        counted = [p for p in self.params if param_is_not_tensor_parallel_duplicate(p)
+        counted = [p for p in dense if param_is_not_tensor_parallel_duplicate(p)
                    and not (p is shared and not ps.is_pipeline_first_stage())]  # tied copy counts once
         # float32 on the device (NPUs have no float64); per-parameter sums keep the rounding small
         sq = torch.stack([p.grad.float().pow(2).sum() for p in counted]).sum()
         if self.layout.tp * self.layout.pp > 1:
             dist.all_reduce(sq, group=ps.get_model_parallel_group())
+        if experts:  # each expert counted once: summed over its expert TP x EP x PP ranks
+            esq = torch.stack([p.grad.float().pow(2).sum() for p in experts
+                               if param_is_not_tensor_parallel_duplicate(p)]).sum()
+            if self.layout.tp * self.layout.ep * self.layout.pp > 1:
+                dist.all_reduce(esq, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+            sq = sq + esq
         norm = float(sq.sqrt())
         clip = self.cfg.actor_config.clip_grad
         if clip > 0 and norm > clip:
@@ -391,6 +428,8 @@ class TrainerWorker:
             "response_tokens": sums["tokens"] / epochs, "tokens_per_s": processed / elapsed,
             "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
         })
+        if self.dims.num_experts:
+            metrics["moe_aux_loss"] = self._moe_aux_loss() / epochs
         return metrics
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
