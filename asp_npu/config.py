@@ -272,6 +272,10 @@ def _arch_problems(cfg: Config) -> list[str]:
         from asp_npu.data.init_model import MOE_EXPERTS
 
         experts = experts or MOE_EXPERTS  # what init-model builds
+    if experts and act.tensor_model_parallel_size > 1 and not act.sequence_parallel:
+        problems.append(f"actor_config.sequence_parallel: must be true for a MoE model at "
+                        f"tensor_model_parallel_size={act.tensor_model_parallel_size} (megatron-core refuses "
+                        "MoE + TP without it)")
     if act.expert_model_parallel_size > 1 and act.data_parallel_size >= 1:
         problems += expert_problems(experts, act.expert_model_parallel_size, act.data_parallel_size)
     return problems

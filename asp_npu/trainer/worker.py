@@ -280,7 +280,39 @@ class TrainerWorker:
         act = self.cfg.actor_config
         mbs = make_micro_batches(mine, act.micro_batch_size,
                                  act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0)
+        if self.dims.num_experts and self.layout.dp > 1:
+            mbs = self._same_shape_over_dp(mbs)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
+
+    def _same_shape_over_dp(self, mbs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """MoE: megatron's allgather dispatcher gathers equal-shaped token blocks over the expert-parallel
+        ranks, so every data-parallel rank runs as many micro-batches of one [batch, seq] shape (rows
+        of padding: mask 0, index -1). Done for any EP, so EP=1 and EP>1 see the same batches."""
+        import torch.distributed as dist
+
+        ps = self._ps()
+        dims = torch.tensor([len(mbs), max((int(m["input_ids"].shape[0]) for m in mbs), default=1),
+                             max((int(m["input_ids"].shape[1]) for m in mbs), default=1)])
+        dist.all_reduce(dims, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        n, b, seq = (int(x) for x in dims)
+        out = []
+        for k in range(n):
+            mb = mbs[k] if k < len(mbs) else None
+            padded = {}
+            for key in ("input_ids", "labels", "mask", "adv", "behav"):
+                t = torch.zeros(b, seq, dtype=torch.long if key in ("input_ids", "labels") else torch.float32)
+                if mb is not None:
+                    t[:mb[key].shape[0], :mb[key].shape[1]] = mb[key]
+                padded[key] = t
+            rows = 0 if mb is None else int(mb["index"].shape[0])
+            padded["position_ids"] = torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous()
+            padded["index"] = torch.full((b,), -1, dtype=torch.long)
+            padded["lengths"] = torch.zeros(b, dtype=torch.long)
+            if mb is not None:
+                padded["index"][:rows] = mb["index"]
+                padded["lengths"][:rows] = mb["lengths"]
+            out.append(padded)
+        return out
 
     def _forward_logprobs(self, model: Any, micro: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Per-micro-batch token logprobs [b, s] (on the last stage; empty list elsewhere)."""
@@ -480,6 +512,8 @@ class TrainerWorker:
         if micro:
             for mb, logp in zip(micro, self._forward_logprobs(self.model, micro), strict=False):
                 for j, idx in enumerate(mb["index"].tolist()):
+                    if idx < 0:  # a padding row (MoE with data parallelism)
+                        continue
                     s = next(x for x in samples if x.index == idx)
                     found[idx] = logp[j, s.prompt_len - 1:s.length].tolist()
         parts: list[Any] = [None] * dist.get_world_size()

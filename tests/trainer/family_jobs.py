@@ -14,6 +14,7 @@ def full_logits(worker: Any, ids: Any) -> Any:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     pos = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+    worker.model.eval()  # megatron refuses MoE + TP without sequence parallel in training mode only
     with torch.no_grad():
         local = worker.model(ids, pos, None)
         return gather_from_tensor_model_parallel_region(local)[..., :worker.dims.vocab_size]
