@@ -30,8 +30,9 @@ def hf_logits(model_dir: str, ids: Any) -> Any:
         return hf(ids).logits
 
 
-def parity(rank: int, world: int, port: int, model_dir: str, tp: int) -> dict[str, Any]:
-    """Max |megatron - HF| logits at TP=`tp` (DP fills the world), and the HF round trip of the weights."""
+def parity(rank: int, world: int, port: int, model_dirs: list[str], tp: int) -> dict[str, Any]:
+    """Per model: max |megatron - HF| logits at TP=`tp` (DP fills the world), and whether the weights
+    gathered back to HF names equal the HF folder's exactly."""
     import torch
 
     from asp_npu.trainer.convert import megatron_stage_to_hf, read_hf_state
@@ -39,16 +40,25 @@ def parity(rank: int, world: int, port: int, model_dir: str, tp: int) -> dict[st
 
     torch.manual_seed(0)
     ids = torch.randint(1, 200, (2, 23))
-    ref = hf_logits(model_dir, ids)  # first: HF loaded after cpu_compat.install() gets garbage RoPE
-    w = TrainerWorker(trainer_config(Path(model_dir), tp, 1, world // tp), rank, world, master_port=port)
-    err = float((full_logits(w, ids) - ref).abs().max())
-    back = megatron_stage_to_hf(w.model, w.dims)
-    hf = read_hf_state(model_dir)
-    if w.dims.tie_word_embeddings:
-        hf.pop("lm_head.weight", None)
-    roundtrip = sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
-    w.shutdown()
-    return {"logit_err": err, "roundtrip_exact": roundtrip}
+    refs = [hf_logits(d, ids) for d in model_dirs]  # first: HF loaded after cpu_compat.install() has bad RoPE
+    out = {}
+    for d, ref in zip(model_dirs, refs, strict=True):
+        w = TrainerWorker(trainer_config(Path(d), tp, 1, world // tp), rank, world, master_port=port)
+        err = float((full_logits(w, ids) - ref).abs().max())
+        back = megatron_stage_to_hf(w.model, w.dims)
+        hf = read_hf_state(d)
+        if w.dims.tie_word_embeddings:
+            hf.pop("lm_head.weight", None)
+        exact = sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+        out[d] = {"logit_err": err, "roundtrip_exact": exact}
+    return out
+
+
+def grpo_directions(rank: int, world: int, port: int, model_dirs: list[str]) -> dict[str, Any]:
+    """tests.trainer.jobs.grpo_direction for each model (one process)."""
+    from tests.trainer.jobs import grpo_direction
+
+    return {d: grpo_direction(rank, world, port, d) for d in model_dirs}
 
 
 def ep_run(rank: int, world: int, port: int, model_dir: str, ep: int, steps: int = 3) -> dict[str, Any]:
