@@ -37,7 +37,7 @@ class ModelArch:
     multi_latent_attention: bool = False  # DeepSeek-V3 MLA: refused (asp_npu.trainer.arch.MLA_MISSING)
     # MoE training settings the trainer applies (megatron TransformerConfig fields of the same names)
     moe_aux_loss_coeff: float = 0.0  # 0 = the HF config's router_aux_loss_coef (Qwen3-MoE: 0.001)
-    moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none
+    moe_router_load_balancing_type: str = ""  # aux_loss | seq_aux_loss | none ("" = aux_loss)
 
 
 @dataclass
@@ -255,7 +255,7 @@ def _arch_problems(cfg: Config) -> list[str]:
     if m.arch.multi_latent_attention:
         problems.append(f"model.arch.multi_latent_attention: {MLA_MISSING}")
     balancing = m.arch.moe_router_load_balancing_type
-    if balancing not in ("aux_loss", "seq_aux_loss", "none"):
+    if balancing not in ("", "aux_loss", "seq_aux_loss", "none"):
         problems.append(f"model.arch.moe_router_load_balancing_type: '{balancing}' is not "
                         "aux_loss|seq_aux_loss|none")
     experts = m.arch.num_experts

@@ -201,7 +201,7 @@ class TrainerWorker:
         a = self.cfg.model.arch
         hf = json.loads((Path(self.model_path) / "config.json").read_text())
         return {"moe_aux_loss_coeff": a.moe_aux_loss_coeff or float(hf.get("router_aux_loss_coef", 1e-3)),
-                "moe_router_load_balancing_type": a.moe_router_load_balancing_type}
+                "moe_router_load_balancing_type": a.moe_router_load_balancing_type or "aux_loss"}
 
     def _moe_aux_loss(self) -> float:
         """Load-balancing loss of the last step summed over layers (megatron's tracker), then cleared."""
