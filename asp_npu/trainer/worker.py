@@ -168,7 +168,9 @@ class TrainerWorker:
         self.loss_cfg = loss_config(cfg)
         self.step = 0
         self.version = 0
-        self._build({**device.megatron_config_overrides(self.kind), **self._moe_settings()})
+        moe = self._moe_settings()
+        self._aux_coeff = float(moe.get("moe_aux_loss_coeff", 0.0))
+        self._build({**device.megatron_config_overrides(self.kind), **moe})
 
     # ------------------------------------------------------------------ construction
     def _build(self, overrides: dict[str, Any]) -> None:
@@ -204,7 +206,8 @@ class TrainerWorker:
                 "moe_router_load_balancing_type": a.moe_router_load_balancing_type or "aux_loss"}
 
     def _moe_aux_loss(self) -> float:
-        """Load-balancing loss of the last step summed over layers (megatron's tracker), then cleared."""
+        """Load-balancing losses since the last call, summed over layers and micro-batches (megatron's
+        tracker, without the coefficient), then cleared."""
         if not self.dims.num_experts:
             return 0.0
         from megatron.core.transformer.moe import moe_utils
@@ -258,6 +261,8 @@ class TrainerWorker:
 
         def forward_step(data_iterator: Iterator[Any], mdl: Any) -> tuple[torch.Tensor, Any]:
             k, mb = next(data_iterator)
+            if self.dims.num_experts:
+                self._scale_aux_loss(mdl, mb["input_ids"].numel(), len(micro))
             out = mdl(mb["input_ids"], mb["position_ids"], None)
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -273,6 +278,15 @@ class TrainerWorker:
             micro_batch_size=max(int(mb["input_ids"].shape[0]) for mb in micro),
             forward_only=forward_only,
         )
+
+    def _scale_aux_loss(self, model: Any, tokens: int, num_micro: int) -> None:
+        """MoE load-balancing loss weight for one micro-batch: megatron multiplies the aux loss by the
+        micro-batch's token count (`calculate_per_token_loss`), expecting every gradient to be divided
+        by the global token count later; our policy loss is normalised by itself, so divide here. The
+        aux gradient is then megatron's intended coefficient x mean over micro-batches and DP ranks."""
+        cfg = model.config
+        local = tokens // (self.layout.tp if getattr(cfg, "sequence_parallel", False) else 1)
+        cfg.moe_aux_loss_coeff = self._aux_coeff / (max(local, 1) * num_micro * self.layout.dp)
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
         ps = self._ps()
@@ -461,7 +475,7 @@ class TrainerWorker:
             "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
         })
         if self.dims.num_experts:
-            metrics["moe_aux_loss"] = self._moe_aux_loss() / epochs
+            metrics["moe_aux_loss"] = self._moe_aux_loss() / (epochs * max(len(micro), 1))  # per micro-batch
         return metrics
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
