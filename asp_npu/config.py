@@ -40,6 +40,11 @@ class ModelArch:
     qk_head_dim: int = 0  # MLA: per-head q/k dim without RoPE (qk_nope_head_dim)
     qk_pos_emb_head_dim: int = 0  # MLA: per-head RoPE dim (qk_rope_head_dim)
     v_head_dim: int = 0  # MLA: per-head value dim
+    qk_layernorm: bool = False  # Qwen3: RMSNorm on q and k (read from config.json when it exists)
+    multi_latent_attention: bool = False  # DeepSeek-V3 MLA: refused (asp_npu.trainer.arch.MLA_MISSING)
+    # MoE training settings the trainer applies (megatron TransformerConfig fields of the same names)
+    moe_aux_loss_coeff: float = 0.0  # 0 = the HF config's router_aux_loss_coef (Qwen3-MoE: 0.001)
+    moe_router_load_balancing_type: str = ""  # aux_loss | seq_aux_loss | none ("" = aux_loss)
 
 
 @dataclass
@@ -49,6 +54,8 @@ class ModelConfig:
     path: str = "models/tiny"  # HF folder (config.json + tokenizer + weights)
     build_if_missing: bool = True  # run init-model when `path` does not exist (CPU demo)
     size: str = "tiny"  # init-model size when building: tiny | small
+    architecture: str = "qwen2"  # init-model family when building: qwen2 | qwen3 | qwen3-moe | llama
+    #                              (an existing folder's config.json decides otherwise)
     dtype: str = "float32"  # float32 | bfloat16
     warm_start_steps: int = 0  # `asp-npu train`: supervised warm-start steps before RL (0 = none)
     arch: ModelArch = field(default_factory=ModelArch)
@@ -99,6 +106,7 @@ class ActorConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 1
+    expert_model_parallel_size: int = 1  # MoE: experts split over this many of the data-parallel ranks
     micro_batch_size: int = 8
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -121,7 +129,6 @@ class ActorConfig:
     offload_train_optimizer: bool = False
     offload_train_grad: bool = False
     offload_train_param: bool = False
-    expert_model_parallel_size: int = 1  # MoE: experts sharded over this many ranks (divides DP)
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -221,7 +228,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append("generate_config.sampling_config.max_tokens: must be >= 1 "
                         f"(got {gen.sampling_config.max_tokens})")
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-                 "micro_batch_size"):
+                 "expert_model_parallel_size", "micro_batch_size"):
         if getattr(act, name) < 1:
             problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
     if cfg.data.length_dist:
@@ -248,6 +255,47 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
+    problems += _arch_problems(cfg)
+    return problems
+
+
+def _arch_problems(cfg: Config) -> list[str]:
+    """Model family and expert parallelism: unknown families, MLA, EP not dividing experts or DP."""
+    import json
+
+    from asp_npu.trainer.arch import ARCHS, MLA_MISSING, hf_arch_problems
+    from asp_npu.trainer.parallel import expert_problems
+
+    m, act = cfg.model, cfg.actor_config
+    problems = []
+    if m.architecture not in ARCHS:
+        problems.append(f"model.architecture: '{m.architecture}' is not one of {', '.join(ARCHS)}")
+    if m.arch.multi_latent_attention:
+        problems.append(f"model.arch.multi_latent_attention: {MLA_MISSING}")
+    balancing = m.arch.moe_router_load_balancing_type
+    if balancing not in ("", "aux_loss", "seq_aux_loss", "none"):
+        problems.append(f"model.arch.moe_router_load_balancing_type: '{balancing}' is not "
+                        "aux_loss|seq_aux_loss|none")
+    experts = m.arch.num_experts
+    cfg_json = Path(m.path) / "config.json"
+    if cfg_json.is_file():
+        try:
+            hf = json.loads(cfg_json.read_text())
+        except (OSError, ValueError) as exc:
+            return problems + [f"model.path: cannot read {cfg_json}: {exc}"]
+        problems += hf_arch_problems(hf, f"model.path {cfg_json}")
+        experts = experts or int(hf.get("num_experts") or hf.get("num_local_experts")
+                                 or hf.get("n_routed_experts") or 0)
+    elif not Path(m.path).exists() and m.architecture == "qwen3-moe":
+        from asp_npu.data.init_model import MOE_EXPERTS
+
+        experts = experts or MOE_EXPERTS  # what init-model builds
+    if experts and act.tensor_model_parallel_size > 1 and not act.sequence_parallel:
+        problems.append(f"actor_config.sequence_parallel: must be true for a MoE model at "
+                        f"tensor_model_parallel_size={act.tensor_model_parallel_size} (megatron-core refuses "
+                        "MoE + TP without it)")
+    if act.expert_model_parallel_size > 1 and act.data_parallel_size >= 1:
+        problems += expert_problems(experts, act.expert_model_parallel_size, act.data_parallel_size)
     return problems
 
 
@@ -271,13 +319,9 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
     if offload and mode not in COLOCATED_MODES:
         problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
                         f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
-    if act.expert_model_parallel_size < 1:
+    if act.expert_model_parallel_size < 1:  # EP vs experts and DP: `trainer.parallel.expert_problems`
         problems.append(f"actor_config.expert_model_parallel_size: must be >= 1 "
                         f"(got {act.expert_model_parallel_size})")
-    elif act.data_parallel_size % act.expert_model_parallel_size:
-        problems.append(f"actor_config.expert_model_parallel_size: EP{act.expert_model_parallel_size} must "
-                        f"divide data_parallel_size {act.data_parallel_size} (megatron's "
-                        "expert data-parallel groups)")
     return problems
 
 

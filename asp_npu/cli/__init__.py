@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench sim": ("asp_npu.cli.bench_sim", "simulate all modes (ASP and baselines) at cluster scale"),
     "bench real": ("asp_npu.cli.bench_real", "run modes side by side with real engines and trainer"),
     "calibrate": ("asp_npu.cli.calibrate", "measure the local vLLM engine for the simulator's cpu preset"),
-    "init-model": ("asp_npu.cli.init_model", "build a local tokenizer + Qwen2 model (no download)"),
+    "init-model": ("asp_npu.cli.init_model", "build a local tokenizer + random model (no download)"),
     "sft": ("asp_npu.cli.sft", "supervised warm-start on a synthetic task"),
     "train": ("asp_npu.cli.train", "GRPO training with the ASP asynchronous pipeline"),
     "check": ("asp_npu.cli.check", "validate a config against a cluster without touching hardware"),

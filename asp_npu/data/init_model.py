@@ -1,11 +1,11 @@
-"""`asp-npu init-model`: a tokenizer and a random Qwen2 model built locally, saved as an HF folder.
+"""`asp-npu init-model`: a tokenizer and a random model built locally, saved as an HF folder.
 
 Why: CI and the CPU demo must run with no hub access. The tokenizer is a byte-level BPE trained in
 about a second on the synthetic tasks' text (digits split individually, as Qwen's tokenizer does,
-so answer length in tokens follows the item count); the model is a randomly initialised
-`Qwen2ForCausalLM`, the architecture of the Qwen2.5 checkpoints users train on Ascend. Any other
-local HF folder (a real Qwen2.5 download) is used the same way: vLLM, the trainer and the tests only
-ever see "a folder with config.json, tokenizer and safetensors weights".
+so answer length in tokens follows the item count); the model is a randomly initialised HF model
+of one of the families users train on Ascend (`--arch`: Qwen2/2.5 by default, Qwen3, Qwen3-MoE,
+Llama 3). Any other local HF folder (a real download) is used the same way: vLLM, the trainer and
+the tests only ever see "a folder with config.json, tokenizer and safetensors weights".
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from asp_npu.errors import UserError
+from asp_npu.trainer.arch import ARCHS
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -76,37 +78,64 @@ def build_tokenizer(vocab_size: int, seed: int = 0):
     )
 
 
-def build_model(size: str, vocab_size: int, special_ids: dict[str, int], seed: int = 0):
+ARCH_NAMES = tuple(ARCHS)
+MOE_EXPERTS = 8  # qwen3-moe: routed experts per layer (top 2), each MLP a quarter of the dense width
+
+
+def _hf_classes(arch: str) -> tuple[Any, Any]:
+    import transformers as tf
+
+    return {
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen3-moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+    }[arch]
+
+
+def build_model(size: str, vocab_size: int, special_ids: dict[str, int], seed: int = 0, arch: str = "qwen2"):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     shape = dict(SIZES[size])
     shape.pop("vocab")
-    config = Qwen2Config(
+    config_cls, model_cls = _hf_classes(arch)
+    extra: dict[str, Any] = {}
+    if arch == "qwen2":
+        extra["use_sliding_window"] = False
+    if arch in ("qwen3", "qwen3-moe"):
+        extra.update(use_sliding_window=False, attention_bias=False,
+                     head_dim=shape["hidden_size"] // shape["num_attention_heads"])
+    if arch == "qwen3-moe":
+        extra.update(num_experts=MOE_EXPERTS, num_experts_per_tok=2, norm_topk_prob=True,
+                     moe_intermediate_size=shape["intermediate_size"] // 4, router_aux_loss_coef=1e-3)
+    config = config_cls(
         vocab_size=vocab_size,
         hidden_act="silu",
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        use_sliding_window=False,
         pad_token_id=special_ids["pad"],
         bos_token_id=special_ids["bos"],
         eos_token_id=special_ids["eos"],
         dtype="float32",
         **shape,
+        **extra,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config.eos_token_id = special_ids["eos"]
     model.generation_config.pad_token_id = special_ids["pad"]
     model.generation_config.bos_token_id = special_ids["bos"]
     return model
 
 
-def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: bool = False) -> Path:
-    """Build tokenizer + random Qwen2 model into `out` (written atomically: all or nothing)."""
+def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: bool = False,
+                    arch: str = "qwen2") -> Path:
+    """Build tokenizer + random model of family `arch` into `out` (written atomically: all or nothing)."""
     if size not in SIZES:
         raise UserError(f"unknown model size '{size}' (known: {', '.join(SIZES)})")
+    if arch not in ARCH_NAMES:
+        raise UserError(f"unknown architecture '{arch}' (known: {', '.join(ARCH_NAMES)})")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UserError(f"{out}: already exists and is not empty (use --force to replace it)")
@@ -115,7 +144,7 @@ def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: b
     tokenizer = build_tokenizer(SIZES[size]["vocab"], seed=seed)
     vocab = -(-len(tokenizer) // 64) * 64  # padded to a multiple of 64, as real checkpoints are
     ids = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
-    model = build_model(size, vocab, ids, seed=seed)
+    model = build_model(size, vocab, ids, seed=seed, arch=arch)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tokenizer.save_pretrained(tmp)

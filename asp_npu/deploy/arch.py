@@ -10,18 +10,16 @@ with a shared expert). Pure arithmetic: no torch, no hardware.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from asp_npu.config import Config
+from asp_npu.trainer.arch import UNSUPPORTED
 
 FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3")
-# Architectures `check` can size but the trainer cannot build: the one place to switch when it can.
-TRAINER_CANNOT_BUILD: dict[str, str] = {
-    "deepseek_v3": "the asp-npu trainer cannot build DeepSeek-V3 yet (megatron-core's multi-latent "
-    "attention needs Transformer Engine, and there is no MLA HF<->Megatron converter)",
-}
+# Architectures `check` can size but the trainer cannot build: the trainer's own list (one place).
+TRAINER_CANNOT_BUILD: dict[str, str] = {k: v for k, v in UNSUPPORTED.items() if k in FAMILIES}
 
 
 @dataclass(frozen=True)
@@ -209,7 +207,8 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
     """Architecture from `model.arch` (explicit values win) filled in from model.path/config.json.
 
     Returns (arch or None, problems, source description)."""
-    given = asdict(cfg.model.arch)
+    known = {f.name for f in fields(Arch)}
+    given = {k: v for k, v in asdict(cfg.model.arch).items() if k in known}  # trainer-only keys ignored
     hf: dict = {}
     cfg_json = Path(cfg.model.path) / "config.json"
     source = "model.arch"
@@ -236,19 +235,19 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
             ],
             source,
         )
-    mt = str(values["model_type"] or "qwen2")
+    mt = str(values["model_type"] or cfg.model.architecture.replace("-", "_") or "qwen2")
     if mt not in FAMILIES:
         return (
             None,
             [f"model.arch.model_type: '{mt}' is not a known architecture (known: {', '.join(FAMILIES)})"],
             source,
         )
-    fields: dict[str, Any] = {
+    kwargs: dict[str, Any] = {
         k: (int(v or 0) if k not in ("tie_word_embeddings", "model_type") else v) for k, v in values.items()
     }
-    fields["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
-    fields["model_type"] = mt
-    arch = Arch(**fields)
+    kwargs["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
+    kwargs["model_type"] = mt
+    arch = Arch(**kwargs)
     problems = []
     if not arch.mla and arch.num_attention_heads % arch.num_key_value_heads:
         problems.append(

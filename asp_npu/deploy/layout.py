@@ -203,13 +203,8 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"actor_config.pipeline_model_parallel_size: PP{pp} does not divide num_layers {arch.num_layers} "
             "(uneven stages -- MindSpeed's num_layer_list / noop_layers -- are not supported by the trainer)"
         )
-    ep, iep = act.expert_model_parallel_size, gen.infer_expert_parallel_size
-    if ep > 1 and not arch.moe:
-        p.append(f"actor_config.expert_model_parallel_size: EP{ep} on a dense model (no experts)")
-    elif arch.moe and arch.num_experts % ep:
-        p.append(
-            f"actor_config.expert_model_parallel_size: EP{ep} does not divide the {arch.num_experts} experts"
-        )
+    iep = gen.infer_expert_parallel_size
+    # training EP vs experts and DP: `config.validate` (trainer.parallel.expert_problems)
     if iep > 1 and not arch.moe:
         p.append(f"generate_config.infer_expert_parallel_size: {iep} on a dense model (no experts)")
     elif arch.moe and arch.num_experts % iep:

@@ -32,7 +32,7 @@ def prepare_model(cfg: Config) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    build_model_dir(path, cfg.model.size, seed=cfg.data.seed)
+    build_model_dir(path, cfg.model.size, seed=cfg.data.seed, arch=cfg.model.architecture)
     print(f"built model {path} ({cfg.model.size}) in {time.time() - t0:.1f}s", file=sys.stderr)
 
 

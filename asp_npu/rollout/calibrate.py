@@ -157,7 +157,7 @@ def measure_config(cfg: Config, quick: bool = False, repeats: int = 2) -> Engine
 
     model = Path(cfg.model.path)
     if not model.exists() and cfg.model.build_if_missing:
-        build_model_dir(model, cfg.model.size)
+        build_model_dir(model, cfg.model.size, arch=cfg.model.architecture)
     check_model_dir(model)
     gen = cfg.generate_config
     kind = detect(cfg.trainer.device)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+from asp_npu.rollout.moe_repack import repack_cpu_moe_experts
+
 EXTENSION_CLS = "asp_npu.rollout.weight_receiver.WeightReceiver"
 
 
@@ -27,6 +29,7 @@ class WeightReceiver:
         t0 = time.perf_counter()
         weights = list(with_tied_head(self, dict(load(bytes(blob)))).items())
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        repack_cpu_moe_experts(self)
         return time.perf_counter() - t0
 
     def cpu_affinity(self) -> list[int]:
@@ -71,6 +74,7 @@ class WeightReceiver:
         t0 = time.perf_counter()
         reload = self.reload_weights  # type: ignore[attr-defined]
         reload(weights_iterator=list(with_tied_head(self, host).items()), is_checkpoint_format=True)
+        repack_cpu_moe_experts(self)
         return version, recv_s, time.perf_counter() - t0, group.history[-1].nbytes
 
     def leave_weight_group(self) -> None:

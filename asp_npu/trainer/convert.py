@@ -1,11 +1,15 @@
-"""HF <-> megatron-core weights for Qwen2/Qwen2.5: load an HF folder into the sharded model, and
-gather the trained weights back to full HF-named tensors for the rollout weight refresh.
+"""HF <-> megatron-core weights (Qwen2/2.5, Qwen3, Qwen3-MoE, Llama 3): load an HF folder into the
+sharded model, and gather the trained weights back to full HF-named tensors for the weight refresh.
 
 Megatron layouts (per TP rank): `linear_qkv` rows are query groups, each [q heads of the group; k; v]
 (so a TP shard is a contiguous run of whole groups); `linear_fc1` rows are [gate shard; up shard];
 embedding/output rows and column-parallel outputs split over TP; `linear_proj`/`linear_fc2` split
 their input dimension. Pipeline stages hold consecutive layers; the first holds the embedding, the
-last the final norm and output layer (a copy of the embedding when weights are tied).
+last the final norm and output layer (a copy of the embedding when weights are tied). Per-head
+q/k RMSNorm weights (Qwen3) are replicated. MoE layers (HF checkpoint format: one
+`mlp.experts.{e}.{gate,up,down}_proj` per expert, router `mlp.gate`) hold a replicated
+`mlp.router.weight` and, on expert-parallel rank r, experts r*E/EP .. (r+1)*E/EP-1 as
+`mlp.experts.local_experts.{j}`, each split over TP like a dense MLP.
 """
 
 from __future__ import annotations
@@ -92,26 +96,51 @@ def _pad_vocab(t: torch.Tensor, dims: ModelDims, tp: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) if extra else t
 
 
+def _mlp_to_megatron(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, prefix: str, tp: int,
+                     tp_rank: int) -> dict[str, torch.Tensor]:
+    fc1 = torch.cat([_tp_chunk(gate, tp, tp_rank), _tp_chunk(up, tp, tp_rank)])
+    return {prefix + "linear_fc1.weight": fc1,
+            prefix + "linear_fc2.weight": _tp_chunk(down, tp, tp_rank, 1)}
+
+
+def local_experts(dims: ModelDims, ep: int, ep_rank: int) -> range:
+    """Global expert indices held by expert-parallel rank `ep_rank` (megatron's even split)."""
+    per = dims.num_experts // ep
+    return range(ep_rank * per, (ep_rank + 1) * per)
+
+
 def hf_layer_to_megatron(hf: Mapping[str, torch.Tensor], layer: int, local: int, dims: ModelDims,
-                         tp: int, tp_rank: int) -> dict[str, torch.Tensor]:
+                         tp: int, tp_rank: int, ep: int = 1, ep_rank: int = 0) -> dict[str, torch.Tensor]:
     """One transformer layer: HF tensors (global index `layer`) -> megatron local names (`local`)."""
     h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
     g_local = dims.num_kv_heads // tp
-    qkv_w = _qkv_full(hf[h + "self_attn.q_proj.weight"], hf[h + "self_attn.k_proj.weight"],
-                      hf[h + "self_attn.v_proj.weight"], dims)
-    qkv_b = _qkv_full(hf[h + "self_attn.q_proj.bias"], hf[h + "self_attn.k_proj.bias"],
-                      hf[h + "self_attn.v_proj.bias"], dims)
     sl = slice(tp_rank * g_local, (tp_rank + 1) * g_local)
-    gate, up = hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]
-    return {
+    attn = h + "self_attn."
+    qkv_w = _qkv_full(hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"],
+                      dims)
+    out = {
         m + "input_layernorm.weight": hf[h + "input_layernorm.weight"].clone(),
         m + f"{_ATTN}.linear_qkv.weight": qkv_w[sl].reshape(-1, dims.hidden_size).clone(),
-        m + f"{_ATTN}.linear_qkv.bias": qkv_b[sl].reshape(-1).clone(),
-        m + f"{_ATTN}.linear_proj.weight": _tp_chunk(hf[h + "self_attn.o_proj.weight"], tp, tp_rank, 1),
+        m + f"{_ATTN}.linear_proj.weight": _tp_chunk(hf[attn + "o_proj.weight"], tp, tp_rank, 1),
         m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"].clone(),
-        m + "mlp.linear_fc1.weight": torch.cat([_tp_chunk(gate, tp, tp_rank), _tp_chunk(up, tp, tp_rank)]),
-        m + "mlp.linear_fc2.weight": _tp_chunk(hf[h + "mlp.down_proj.weight"], tp, tp_rank, 1),
     }
+    if dims.qkv_bias:
+        qkv_b = _qkv_full(hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], dims)
+        out[m + f"{_ATTN}.linear_qkv.bias"] = qkv_b[sl].reshape(-1).clone()
+    if dims.qk_norm:
+        out[m + f"{_ATTN}.q_layernorm.weight"] = hf[attn + "q_norm.weight"].clone()
+        out[m + f"{_ATTN}.k_layernorm.weight"] = hf[attn + "k_norm.weight"].clone()
+    if not dims.num_experts:
+        out.update(_mlp_to_megatron(hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"],
+                                    hf[h + "mlp.down_proj.weight"], m + "mlp.", tp, tp_rank))
+        return out
+    out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"].clone()
+    for j, e in enumerate(local_experts(dims, ep, ep_rank)):
+        x = f"{h}mlp.experts.{e}."
+        out.update(_mlp_to_megatron(hf[x + "gate_proj.weight"], hf[x + "up_proj.weight"],
+                                    hf[x + "down_proj.weight"], f"{m}mlp.experts.local_experts.{j}.",
+                                    tp, tp_rank))
+    return out
 
 
 def stage_layers(dims: ModelDims, pp: int, pp_rank: int) -> range:
@@ -121,15 +150,17 @@ def stage_layers(dims: ModelDims, pp: int, pp_rank: int) -> range:
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], dims: ModelDims, layout: Layout, tp_rank: int,
-                   pp_rank: int) -> dict[str, torch.Tensor]:
-    """The megatron state-dict entries of rank (tp_rank, pp_rank) from full HF tensors."""
+                   pp_rank: int, ep_rank: int = 0) -> dict[str, torch.Tensor]:
+    """The megatron state-dict entries of rank (tp_rank, pp_rank, ep_rank) from full HF tensors.
+
+    Experts are split over TP like dense MLPs (megatron's default expert TP size = TP)."""
     tp, pp = layout.tp, layout.pp
     out: dict[str, torch.Tensor] = {}
     embed = _pad_vocab(hf["model.embed_tokens.weight"], dims, tp)
     if pp_rank == 0:
         out["embedding.word_embeddings.weight"] = _tp_chunk(embed, tp, tp_rank)
     for local, layer in enumerate(stage_layers(dims, pp, pp_rank)):
-        out.update(hf_layer_to_megatron(hf, layer, local, dims, tp, tp_rank))
+        out.update(hf_layer_to_megatron(hf, layer, local, dims, tp, tp_rank, layout.ep, ep_rank))
     if pp_rank == pp - 1:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
         if not dims.tie_word_embeddings:
@@ -145,7 +176,7 @@ def load_hf_into_model(model: torch.nn.Module, hf: Mapping[str, torch.Tensor], d
     from megatron.core import parallel_state as ps
 
     local = hf_to_megatron(hf, dims, layout, ps.get_tensor_model_parallel_rank(),
-                           ps.get_pipeline_model_parallel_rank())
+                           ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
     own = model.state_dict()
     for name, t in local.items():
         if name not in own:
@@ -160,41 +191,80 @@ def load_hf_into_model(model: torch.nn.Module, hf: Mapping[str, torch.Tensor], d
             own[name].copy_(t.to(own[name].dtype))
 
 
-def _tp_gather(t: torch.Tensor) -> list[torch.Tensor]:
+def _gather(t: torch.Tensor, group: Any, size: int) -> list[torch.Tensor]:
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
 
-    tp = ps.get_tensor_model_parallel_world_size()
-    if tp == 1:
+    if size == 1:
         return [t]
-    parts = [torch.empty_like(t) for _ in range(tp)]
-    dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+    parts = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(parts, t.contiguous(), group=group)
     return parts
 
 
-def megatron_stage_to_hf(model: torch.nn.Module, dims: ModelDims) -> dict[str, torch.Tensor]:
-    """Full HF tensors of this pipeline stage (TP all-gather; every TP rank of the stage gets them)."""
+def _tp_gather(t: torch.Tensor) -> list[torch.Tensor]:
+    from megatron.core import parallel_state as ps
+
+    return _gather(t, ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size())
+
+
+def _mlp_to_hf(sd: Mapping[str, torch.Tensor], m: str, h: str, gather: Any) -> dict[str, torch.Tensor]:
+    fc1 = gather(sd[m + "linear_fc1.weight"])
+    return {h + "gate_proj.weight": torch.cat([p.chunk(2)[0] for p in fc1]),
+            h + "up_proj.weight": torch.cat([p.chunk(2)[1] for p in fc1]),
+            h + "down_proj.weight": torch.cat(gather(sd[m + "linear_fc2.weight"]), dim=1)}
+
+
+def _experts_to_hf(sd: Mapping[str, torch.Tensor], m: str, h: str,
+                   dims: ModelDims) -> dict[str, torch.Tensor]:
+    """Every expert of one MoE layer: gathered over expert TP, then over the expert-parallel ranks."""
+    from megatron.core import parallel_state as ps
+
+    def etp_gather(t: torch.Tensor) -> list[torch.Tensor]:
+        return _gather(t, ps.get_expert_tensor_parallel_group(), ps.get_expert_tensor_parallel_world_size())
+
+    ep = ps.get_expert_model_parallel_world_size()
+    n_local = dims.num_experts // ep
+    mine = [_mlp_to_hf(sd, f"{m}local_experts.{j}.", "", etp_gather) for j in range(n_local)]
+    out: dict[str, torch.Tensor] = {}
+    for name in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
+        local = torch.stack([e[name] for e in mine])
+        for r, part in enumerate(_gather(local, ps.get_expert_model_parallel_group(), ep)):
+            for j in range(n_local):
+                out[f"{h}experts.{r * n_local + j}.{name}"] = part[j]
+    return out
+
+
+def megatron_stage_to_hf(model: torch.nn.Module, dims: ModelDims,
+                         tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Full HF tensors of this pipeline stage (TP/EP all-gather; every TP rank of the stage gets them).
+
+    `tensors` (megatron names -> local tensors, e.g. the gradients) replaces the model's weights."""
     from megatron.core import parallel_state as ps
 
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
-    sd = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    src = model.state_dict() if tensors is None else tensors
+    sd = {k: v.detach() for k, v in src.items() if not k.endswith("_extra_state")}
     out: dict[str, torch.Tensor] = {}
     V = dims.vocab_size
     if pp_rank == 0:
         out["model.embed_tokens.weight"] = torch.cat(_tp_gather(sd["embedding.word_embeddings.weight"]))[:V]
     for local, layer in enumerate(stage_layers(dims, pp, pp_rank)):
         m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
-        qkv_w = torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_qkv.weight"]))
-        qkv_b = torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_qkv.bias"]))
-        for (q, k, v), kind in ((_qkv_split(qkv_w, dims), "weight"), (_qkv_split(qkv_b, dims), "bias")):
+        kinds = ("weight", "bias") if dims.qkv_bias else ("weight",)
+        for kind in kinds:
+            q, k, v = _qkv_split(torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_qkv.{kind}"])), dims)
             out[h + f"self_attn.q_proj.{kind}"] = q
             out[h + f"self_attn.k_proj.{kind}"] = k
             out[h + f"self_attn.v_proj.{kind}"] = v
+        if dims.qk_norm:
+            out[h + "self_attn.q_norm.weight"] = sd[m + f"{_ATTN}.q_layernorm.weight"].clone()
+            out[h + "self_attn.k_norm.weight"] = sd[m + f"{_ATTN}.k_layernorm.weight"].clone()
         out[h + "self_attn.o_proj.weight"] = torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_proj.weight"]), 1)
-        fc1 = _tp_gather(sd[m + "mlp.linear_fc1.weight"])
-        out[h + "mlp.gate_proj.weight"] = torch.cat([p.chunk(2)[0] for p in fc1])
-        out[h + "mlp.up_proj.weight"] = torch.cat([p.chunk(2)[1] for p in fc1])
-        out[h + "mlp.down_proj.weight"] = torch.cat(_tp_gather(sd[m + "mlp.linear_fc2.weight"]), dim=1)
+        if dims.num_experts:
+            out[h + "mlp.gate.weight"] = sd[m + "mlp.router.weight"].clone()
+            out.update(_experts_to_hf(sd, m + "mlp.experts.", h + "mlp.", dims))
+        else:
+            out.update(_mlp_to_hf(sd, m + "mlp.", h + "mlp.", _tp_gather))
         out[h + "input_layernorm.weight"] = sd[m + "input_layernorm.weight"].clone()
         out[h + "post_attention_layernorm.weight"] = sd[m + "pre_mlp_layernorm.weight"].clone()
     if pp_rank == pp - 1:

@@ -110,6 +110,21 @@ def prepare(kind: str) -> None:
         install()
 
 
+# Transformer Engine helpers megatron's MoE code refers to by name; without TE they are never
+# imported, so the first MoE forward raises NameError instead of taking its non-fused path.
+_MOE_TE_NAMES = ("te_general_gemm", "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss",
+                 "fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                 "fused_sort_chunks_by_index_with_probs", "fused_topk_with_score_function", "fused_unpermute")
+
+
+def _define_missing_te_names() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    for name in _MOE_TE_NAMES:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+
+
 def install() -> None:
     """Patch torch.cuda and megatron's RNG helpers for CPU; idempotent. Call before building models."""
     global _INSTALLED
@@ -138,6 +153,7 @@ def install() -> None:
     mrandom._get_cuda_rng_state = _cpu_rng_get
     mrandom._set_cuda_rng_state = _cpu_rng_set
     logging.getLogger(mrandom.__name__).addFilter(_DropForkWarning())
+    _define_missing_te_names()
     for name in _FACTORIES:
         setattr(torch, name, _cpu_factory(getattr(torch, name)))
     torch.Tensor.cuda = lambda self, *args, **kwargs: self

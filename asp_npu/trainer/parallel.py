@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.errors import ConfigError
+from asp_npu.trainer.arch import arch_of_model_type, hf_arch_problems
 
 
 @dataclass(frozen=True)
 class ModelDims:
-    """The HF (Qwen2-style) config numbers that parallelism and conversion depend on."""
+    """The HF config numbers that parallelism and conversion depend on (families: trainer/arch.py)."""
 
     hidden_size: int
     intermediate_size: int
@@ -32,12 +33,32 @@ class ModelDims:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
+    arch: str = "qwen2"  # qwen2 | qwen3 | qwen3-moe | llama
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense MLP)
+    moe_topk: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights (megatron: softmax after top-k)
+    rope_scaling_factor: float = 0.0  # llama3 RoPE scaling factor (0 = none)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch in ("qwen3", "qwen3-moe")
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelDims:
         heads = int(cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        scaled = isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "llama3"
+        problems = hf_arch_problems(cfg, "model.path config.json")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        arch = arch_of_model_type(str(cfg.get("model_type", "qwen2")), "model.path config.json")
+        moe = arch == "qwen3-moe"
         return cls(
             hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]),
@@ -50,6 +71,12 @@ class ModelDims:
             rope_theta=float(theta if theta is not None else 10000.0),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            arch=arch,
+            num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]) if moe else 0,
+            moe_topk=int(cfg["num_experts_per_tok"]) if moe else 0,
+            moe_intermediate_size=int(cfg["moe_intermediate_size"]) if moe else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if moe else True,
+            rope_scaling_factor=float(rope.get("factor", 8.0)) if scaled else 0.0,
         )
 
     @classmethod
@@ -60,8 +87,10 @@ class ModelDims:
             raise ConfigError(f"model.path: '{path}' has no config.json")
         try:
             return cls.from_hf_dict(json.loads(p.read_text()))
+        except ConfigError:
+            raise
         except (KeyError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{p}: not a Qwen2-style config ({exc})") from None
+            raise ConfigError(f"{p}: not a supported HF config ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -69,17 +98,19 @@ class Layout:
     tp: int
     pp: int
     dp: int
+    ep: int = 1  # expert parallelism: experts split over `ep` of the data-parallel ranks
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
 
-def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None) -> list[str]:
+def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None,
+                    ep: int = 1) -> list[str]:
     """Every reason this layout cannot run this model (empty = fine). Pure; no process group."""
     problems: list[str] = []
     for name, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                    ("data_parallel_size", dp)):
+                    ("data_parallel_size", dp), ("expert_model_parallel_size", ep)):
         if v < 1:
             problems.append(f"actor_config.{name}: must be >= 1 (got {v})")
     if problems:
@@ -102,18 +133,39 @@ def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int 
     elif dims.num_layers % pp:
         problems.append(f"actor_config.pipeline_model_parallel_size={pp} does not divide the "
                         f"{dims.num_layers} layers")
+    problems += expert_problems(dims.num_experts, ep, dp)
+    if dims.num_experts and pp > 1:
+        problems.append(f"actor_config.pipeline_model_parallel_size={pp}: MoE models train with PP=1 here "
+                        "(megatron's allgather token dispatcher does not support variable sequence lengths)")
     if world_size is not None and world_size != tp * pp * dp:
         problems.append(f"world size {world_size} != tensor_model_parallel_size x "
                         f"pipeline_model_parallel_size x data_parallel_size = {tp}x{pp}x{dp}={tp * pp * dp}")
     return problems
 
 
-def check_layout(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None) -> Layout:
+def expert_problems(num_experts: int, ep: int, dp: int) -> list[str]:
+    """Expert parallelism: EP ranks come out of the data-parallel ranks and split the experts evenly."""
+    if ep <= 1:
+        return []
+    if not num_experts:
+        return [f"actor_config.expert_model_parallel_size={ep} needs a MoE model (this one is dense)"]
+    problems = []
+    if num_experts % ep:
+        problems.append(f"actor_config.expert_model_parallel_size={ep} does not divide the "
+                        f"{num_experts} experts")
+    if dp % ep:
+        problems.append(f"actor_config.expert_model_parallel_size={ep} does not divide "
+                        f"data_parallel_size={dp} (expert-parallel ranks are data-parallel ranks)")
+    return problems
+
+
+def check_layout(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None,
+                 ep: int = 1) -> Layout:
     """Raise one ConfigError naming every problem, before any process group starts."""
-    problems = layout_problems(dims, tp, pp, dp, world_size)
+    problems = layout_problems(dims, tp, pp, dp, world_size, ep)
     if problems:
         raise ConfigError("; ".join(problems))
-    return Layout(tp, pp, dp)
+    return Layout(tp, pp, dp, ep)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -145,7 +197,8 @@ def set_layout(layout: Layout, seed: int) -> None:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
-                                             pipeline_model_parallel_size=layout.pp)
+                                             pipeline_model_parallel_size=layout.pp,
+                                             expert_model_parallel_size=layout.ep)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 

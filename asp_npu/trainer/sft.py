@@ -56,13 +56,13 @@ def evaluate(
     is unaffected, while an untrained model no longer babbles to max_tokens on every prompt.
     """
     import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from asp_npu.data.datasets import encode_prompt
     from asp_npu.data.rewards import compute_reward
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     answer_len = {p.prompt_id: len(tok.encode(str(p.ground_truth), add_special_tokens=False))
                   for p in prompts}
     ordered = sorted(prompts, key=lambda p: answer_len[p.prompt_id])
@@ -183,5 +183,5 @@ def prepare_model(cfg: Config) -> None:
     from asp_npu.data.init_model import build_model_dir, check_model_dir
 
     if not Path(cfg.model.path).exists() and cfg.model.build_if_missing:
-        build_model_dir(cfg.model.path, cfg.model.size, seed=cfg.data.seed)
+        build_model_dir(cfg.model.path, cfg.model.size, seed=cfg.data.seed, arch=cfg.model.architecture)
     check_model_dir(cfg.model.path)

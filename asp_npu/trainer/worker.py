@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,7 +153,8 @@ class TrainerWorker:
         self.model_path = model_path or cfg.model.path
         self.dims = ModelDims.from_hf_dir(self.model_path)
         self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
-                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size)
+                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size,
+                                   act.expert_model_parallel_size)
         self.kind = device.detect(cfg.trainer.device)
         cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
             if act.cpu_cores and self.kind == "cpu" else []
@@ -168,7 +170,9 @@ class TrainerWorker:
         self.loss_cfg = loss_config(cfg)
         self.step = 0
         self.version = 0
-        self._build(device.megatron_config_overrides(self.kind))
+        moe = self._moe_settings()
+        self._aux_coeff = float(moe.get("moe_aux_loss_coeff", 0.0))
+        self._build({**device.megatron_config_overrides(self.kind), **moe})
 
     # ------------------------------------------------------------------ construction
     def _build(self, overrides: dict[str, Any]) -> None:
@@ -191,6 +195,29 @@ class TrainerWorker:
         self.master = self.params if dtype == "float32" else [p.detach().float().clone() for p in self.params]
         self.optimizer = torch.optim.AdamW(self.master, lr=act.lr, weight_decay=act.weight_decay,
                                            betas=(0.9, 0.999), eps=1e-8)
+
+    def _moe_settings(self) -> dict[str, Any]:
+        """MoE training settings from model.arch (aux-loss coefficient: the HF config's by default)."""
+        if not self.dims.num_experts:
+            return {}
+        import json
+
+        a = self.cfg.model.arch
+        hf = json.loads((Path(self.model_path) / "config.json").read_text())
+        return {"moe_aux_loss_coeff": a.moe_aux_loss_coeff or float(hf.get("router_aux_loss_coef", 1e-3)),
+                "moe_router_load_balancing_type": a.moe_router_load_balancing_type or "aux_loss"}
+
+    def _moe_aux_loss(self) -> float:
+        """Load-balancing losses since the last call, summed over layers and micro-batches (megatron's
+        tracker, without the coefficient), then cleared."""
+        if not self.dims.num_experts:
+            return 0.0
+        from megatron.core.transformer.moe import moe_utils
+
+        tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+        total = sum(float(v["values"].sum()) for v in tracker.values() if "values" in v)
+        moe_utils.clear_aux_losses_tracker()
+        return total
 
     # ------------------------------------------------------------------ parallel helpers
     @staticmethod
@@ -236,6 +263,8 @@ class TrainerWorker:
 
         def forward_step(data_iterator: Iterator[Any], mdl: Any) -> tuple[torch.Tensor, Any]:
             k, mb = next(data_iterator)
+            if self.dims.num_experts:
+                self._scale_aux_loss(mdl, mb["input_ids"].numel(), len(micro))
             out = mdl(mb["input_ids"], mb["position_ids"], None)
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -252,13 +281,54 @@ class TrainerWorker:
             forward_only=forward_only,
         )
 
+    def _scale_aux_loss(self, model: Any, tokens: int, num_micro: int) -> None:
+        """MoE load-balancing loss weight for one micro-batch: megatron multiplies the aux loss by the
+        micro-batch's token count (`calculate_per_token_loss`), expecting every gradient to be divided
+        by the global token count later; our policy loss is normalised by itself, so divide here. The
+        aux gradient is then megatron's intended coefficient x mean over micro-batches and DP ranks."""
+        cfg = model.config
+        local = tokens // (self.layout.tp if getattr(cfg, "sequence_parallel", False) else 1)
+        cfg.moe_aux_loss_coeff = self._aux_coeff / (max(local, 1) * num_micro * self.layout.dp)
+
     def _my_micro_batches(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
         ps = self._ps()
         mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
         act = self.cfg.actor_config
         mbs = make_micro_batches(mine, act.micro_batch_size,
                                  act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0)
+        if self.dims.num_experts and self.layout.dp > 1:
+            mbs = self._same_shape_over_dp(mbs)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
+
+    def _same_shape_over_dp(self, mbs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """MoE: megatron's allgather dispatcher gathers equal-shaped token blocks over the expert-parallel
+        ranks, so every data-parallel rank runs as many micro-batches of one [batch, seq] shape (rows
+        of padding: mask 0, index -1). Done for any EP, so EP=1 and EP>1 see the same batches."""
+        import torch.distributed as dist
+
+        ps = self._ps()
+        dims = torch.tensor([len(mbs), max((int(m["input_ids"].shape[0]) for m in mbs), default=1),
+                             max((int(m["input_ids"].shape[1]) for m in mbs), default=1)])
+        dist.all_reduce(dims, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        n, b, seq = (int(x) for x in dims)
+        out = []
+        for k in range(n):
+            mb = mbs[k] if k < len(mbs) else None
+            padded = {}
+            for key in ("input_ids", "labels", "mask", "adv", "behav"):
+                t = torch.zeros(b, seq, dtype=torch.long if key in ("input_ids", "labels") else torch.float32)
+                if mb is not None:
+                    t[:mb[key].shape[0], :mb[key].shape[1]] = mb[key]
+                padded[key] = t
+            rows = 0 if mb is None else int(mb["index"].shape[0])
+            padded["position_ids"] = torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous()
+            padded["index"] = torch.full((b,), -1, dtype=torch.long)
+            padded["lengths"] = torch.zeros(b, dtype=torch.long)
+            if mb is not None:
+                padded["index"][:rows] = mb["index"]
+                padded["lengths"][:rows] = mb["lengths"]
+            out.append(padded)
+        return out
 
     def _forward_logprobs(self, model: Any, micro: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Per-micro-batch token logprobs [b, s] (on the last stage; empty list elsewhere)."""
@@ -276,24 +346,37 @@ class TrainerWorker:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.layout.dp > 1:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-            dist.all_reduce(flat, group=ps.get_data_parallel_group())
-            off = 0
-            for p in self.params:
-                n = p.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
-                off += n
+        # MoE experts (megatron marks them allreduce=False) are summed over the expert-data-parallel
+        # ranks only: the other data-parallel ranks hold other experts
+        experts = [p for p in self.params if not getattr(p, "allreduce", True)]
+        dense = [p for p in self.params if getattr(p, "allreduce", True)]
+        for params, group, size in ((dense, ps.get_data_parallel_group(), self.layout.dp),
+                                    (experts, ps.get_expert_data_parallel_group(),
+                                     self.layout.dp // self.layout.ep)):
+            if size > 1 and params:
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat, group=group)
+                off = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                    off += n
         shared = None
         if self.dims.tie_word_embeddings and self.layout.pp > 1 and ps.is_rank_in_embedding_group():
             shared = self.model.shared_embedding_or_output_weight()
             dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-        counted = [p for p in self.params if param_is_not_tensor_parallel_duplicate(p)
+        counted = [p for p in dense if param_is_not_tensor_parallel_duplicate(p)
                    and not (p is shared and not ps.is_pipeline_first_stage())]  # tied copy counts once
         # float32 on the device (NPUs have no float64); per-parameter sums keep the rounding small
         sq = torch.stack([p.grad.float().pow(2).sum() for p in counted]).sum()
         if self.layout.tp * self.layout.pp > 1:
             dist.all_reduce(sq, group=ps.get_model_parallel_group())
+        if experts:  # each expert counted once: summed over its expert TP x EP x PP ranks
+            esq = torch.stack([p.grad.float().pow(2).sum() for p in experts
+                               if param_is_not_tensor_parallel_duplicate(p)]).sum()
+            if self.layout.tp * self.layout.ep * self.layout.pp > 1:
+                dist.all_reduce(esq, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+            sq = sq + esq
         norm = float(sq.sqrt())
         clip = self.cfg.actor_config.clip_grad
         if clip > 0 and norm > clip:
@@ -393,6 +476,8 @@ class TrainerWorker:
             "response_tokens": sums["tokens"] / epochs, "tokens_per_s": processed / elapsed,
             "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
         })
+        if self.dims.num_experts:
+            metrics["moe_aux_loss"] = self._moe_aux_loss() / (epochs * max(len(micro), 1))  # per micro-batch
         return metrics
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
@@ -443,6 +528,8 @@ class TrainerWorker:
         if micro:
             for mb, logp in zip(micro, self._forward_logprobs(self.model, micro), strict=False):
                 for j, idx in enumerate(mb["index"].tolist()):
+                    if idx < 0:  # a padding row (MoE with data parallelism)
+                        continue
                     s = next(x for x in samples if x.index == idx)
                     found[idx] = logp[j, s.prompt_len - 1:s.length].tolist()
         parts: list[Any] = [None] * dist.get_world_size()

@@ -83,3 +83,31 @@ def test_check_model_dir_errors(tmp_path, tiny_model_dir):
     (d / "config.json").write_text((tiny_model_dir / "config.json").read_text())
     with pytest.raises(UserError, match="no weights"):
         check_model_dir(d)
+
+
+@pytest.mark.parametrize("arch,model_type,cls", [
+    ("qwen3", "qwen3", "Qwen3ForCausalLM"), ("qwen3-moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("llama", "llama", "LlamaForCausalLM"),
+])
+def test_arch_builds_each_family_with_the_shared_tokenizer(tmp_path, capsys, arch, model_type, cls):
+    from transformers import AutoTokenizer
+
+    from asp_npu.trainer.parallel import ModelDims
+
+    out = tmp_path / arch
+    assert cli_main(["init-model", "--out", str(out), "--arch", arch]) == 0
+    assert arch in capsys.readouterr().out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == model_type and cfg["architectures"] == [cls]
+    assert cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) in VLLM_CPU_HEAD_SIZES
+    dims = ModelDims.from_hf_dir(out)
+    assert dims.arch == arch and dims.qkv_bias is False and dims.qk_norm == arch.startswith("qwen3")
+    assert (dims.num_experts, dims.moe_topk) == ((8, 2) if arch == "qwen3-moe" else (0, 0))
+    assert AutoTokenizer.from_pretrained(str(out)).tokenize("2026") == ["2", "0", "2", "6"]
+
+
+def test_unknown_arch_is_one_line_exit_2(tmp_path, capsys):
+    assert cli_main(["init-model", "--out", str(tmp_path / "m"), "--arch", "gpt5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown architecture 'gpt5' (known: qwen2, qwen3, qwen3-moe, llama)" in err[0]
+    assert not (tmp_path / "m").exists()

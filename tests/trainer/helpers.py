@@ -15,21 +15,33 @@ from asp_npu.types import TrainBatch, Trajectory
 VOCAB = 203  # odd on purpose: TP=2 needs vocabulary padding
 
 
-def make_hf_model(out: Path, tied: bool, seed: int = 0, layers: int = 2) -> Path:
-    """A random Qwen2ForCausalLM (GQA 4 heads / 2 kv heads, non-zero q/k/v biases) saved as an HF folder."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def make_hf_model(out: Path, tied: bool, seed: int = 0, layers: int = 2, arch: str = "qwen2") -> Path:
+    """A random HF model of family `arch` (GQA 4 heads / 2 kv heads) saved as an HF folder.
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=tied, rms_norm_eps=1e-6,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    Biases, norms (q/k norms included) and routers are perturbed away from their initial values, so a
+    converter that swaps or drops one of them changes the logits."""
+    import torch
+
+    from asp_npu.data.init_model import _hf_classes
+
+    config_cls, model_cls = _hf_classes(arch)
+    extra: dict[str, Any] = {}
+    if arch in ("qwen3", "qwen3-moe"):
+        extra["head_dim"] = 16
+    if arch == "qwen3-moe":
+        extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    cfg = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                     tie_word_embeddings=tied, rms_norm_eps=1e-6,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **extra)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = model_cls(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("mlp.gate.weight"):  # a random router with clear top-k choices
+                p.mul_(20.0)
     model.save_pretrained(out)
     return out
 
