@@ -15,6 +15,7 @@ from typing import Any
 from asp_npu.errors import ConfigError, UserError
 
 MODES = ("asp", "async-fifo", "one-step-off", "sortedrl", "mindspeed-sync", "verl-sync")
+COLOCATED_MODES = ("mindspeed-sync", "verl-sync")  # rollout and training share every device in turn
 
 
 @dataclass
@@ -98,9 +99,15 @@ class ActorConfig:
     num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
     cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned;
     #                      the pipeline fills it from its placement)
-    use_distributed_optimizer: bool = False  # shard optimizer state over DP (Megatron)
-    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False  # shard optimizer state (and fp32 master weights) over DP
+    sequence_parallel: bool = False  # split norms/dropout activations over TP ranks (needs TP > 1)
     recompute_granularity: str = ""  # "" | selective | full (activation recomputation)
+    recompute_method: str = ""  # full recompute: uniform | block ("" = uniform)
+    recompute_num_layers: int = 1  # full: layers per recompute chunk (uniform) or recomputed layers (block)
+    # colocated modes: move these to host memory while the engines generate, back before the update
+    offload_train_optimizer: bool = False
+    offload_train_grad: bool = False
+    offload_train_param: bool = False
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -215,6 +222,7 @@ def validate(cfg: Config) -> list[str]:
                         f"(got {act.ppo_max_token_len_per_gpu})")
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
+    problems += _trainer_feature_problems(act, rl.mode)
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
@@ -225,6 +233,29 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
+    return problems
+
+
+def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
+    """Sequence parallel, recomputation and offload settings megatron-core cannot run as given."""
+    problems: list[str] = []
+    if act.sequence_parallel and act.tensor_model_parallel_size < 2:
+        problems.append("actor_config.sequence_parallel: needs tensor_model_parallel_size > 1 "
+                        f"(got {act.tensor_model_parallel_size}); set it false")
+    if act.recompute_granularity not in ("", "selective", "full"):
+        problems.append(f"actor_config.recompute_granularity: '{act.recompute_granularity}' is not "
+                        "selective|full (or empty)")
+    if act.recompute_method not in ("", "uniform", "block"):
+        problems.append(f"actor_config.recompute_method: '{act.recompute_method}' is not uniform|block")
+    elif act.recompute_method and act.recompute_granularity != "full":
+        problems.append("actor_config.recompute_method: only applies with recompute_granularity=full")
+    if act.recompute_granularity == "full" and act.recompute_num_layers < 1:
+        problems.append(f"actor_config.recompute_num_layers: must be >= 1 (got {act.recompute_num_layers})")
+    offload = [k for k in ("offload_train_optimizer", "offload_train_grad", "offload_train_param")
+               if getattr(act, k)]
+    if offload and mode not in COLOCATED_MODES:
+        problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
+                        f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
     return problems
 
 

@@ -70,10 +70,12 @@ def build_model(dims: ModelDims, layout: Layout, dtype: str = "float32",
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from asp_npu.trainer.features import block_spec  # sequence parallelism: TP-summed norm gradients
+
     config = transformer_config(dims, layout, dtype, overrides)
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=block_spec(get_gpt_layer_local_spec(normalization="RMSNorm"), config),
         vocab_size=padded_vocab_size(dims.vocab_size, layout.tp),
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
