@@ -2,12 +2,15 @@
 
 Usage: .venv/bin/python benchmarks/trainer_throughput.py [--layouts 1x1x1,2x1x1] [--steps 8] [--runs 3]
        [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--threads 0] [--json]
+       [--dtype float32] [--distributed-optimizer] [--sequence-parallel] [--recompute full|selective]
 
 Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on the same model
 (`asp-npu init-model` tiny/small, built into a temp folder) and the same synthetic batches
 (prompt ~24 tokens, response lengths lognormal with median 64 tokens, capped at 512). Layouts are
 interleaved run by run (A B A B ...), so machine noise hits them alike; each cell is the median
 over runs of the median step after one warm-up step. tokens/s counts prompt+response tokens processed.
+Each layout also reports every rank's allocated bytes of weights, gradients and optimizer state
+after the last step (`asp_npu.trainer.memory.allocated_bytes`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int) -> Trai
 
 def measure(
     model_dir: str, layout: tuple[int, int, int], batches: list[TrainBatch], mbs: int, threads: int,
-    max_token_len: int = 0,
+    max_token_len: int = 0, features: dict | None = None, dtype: str = "float32",
 ) -> dict:
     from asp_npu.config import Config
     from asp_npu.trainer.group import TrainerGroup
@@ -56,15 +59,21 @@ def measure(
     a.micro_batch_size = mbs
     a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu = max_token_len > 0, max(1, max_token_len)
     a.num_threads = threads or max(1, (os.cpu_count() or 1) // (layout[0] * layout[1] * layout[2]))
+    cfg.model.dtype = dtype
+    for k, v in (features or {}).items():
+        setattr(a, k, v)
+    a.sequence_parallel = a.sequence_parallel and layout[0] > 1  # needs TP > 1
     group = TrainerGroup(cfg, cpus_per_rank=0)
     try:
         group.train_step(batches[0])  # warm-up
         steps = [group.train_step(b) for b in batches[1:]]
+        allocated = group.allocated_bytes()
     finally:
         group.shutdown()
     return {
         "tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps),
         "step_time_s": statistics.median(m["step_time_s"] for m in steps),
+        "allocated_bytes": allocated,
     }
 
 
@@ -81,6 +90,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = cores / ranks)")
     ap.add_argument("--max-token-len", type=int, default=0,
                     help="use_dynamic_bsz with this ppo_max_token_len_per_gpu (0 = micro_batch_size)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--distributed-optimizer", action="store_true",
+                    help="actor_config.use_distributed_optimizer")
+    ap.add_argument("--sequence-parallel", action="store_true", help="on layouts with TP > 1")
+    ap.add_argument("--recompute", default="", choices=["", "full", "selective"],
+                    help="actor_config.recompute_granularity (full: uniform, 1 layer per chunk)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for k, v in {
@@ -90,6 +105,8 @@ def main() -> int:
     }.items():
         os.environ.setdefault(k, v)
     layouts = [tuple(int(x) for x in s.split("x")) for s in args.layouts.split(",")]
+    features = {"use_distributed_optimizer": args.distributed_optimizer,
+                "sequence_parallel": args.sequence_parallel, "recompute_granularity": args.recompute}
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if not model:
@@ -102,7 +119,7 @@ def main() -> int:
         for r in range(args.runs):
             for lay in layouts:
                 res = measure(model, lay, batches, args.micro_batch_size, args.threads,  # type: ignore[arg-type]
-                              args.max_token_len)
+                              args.max_token_len, features, args.dtype)
                 runs["x".join(map(str, lay))].append(res)
                 if not args.json:
                     print(
@@ -116,12 +133,15 @@ def main() -> int:
         "samples_per_step": args.groups * args.group_size,
         "tokens_per_step_example": tokens,
         "runs": args.runs,
+        "dtype": args.dtype,
+        "features": features,
         "steps": args.steps,
         "layouts": {
             k: {
                 "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in v),
                 "step_time_s_median": statistics.median(x["step_time_s"] for x in v),
                 "tokens_per_s_runs": [round(x["tokens_per_s"]) for x in v],
+                "allocated_bytes_per_rank": v[-1]["allocated_bytes"],
             }
             for k, v in runs.items()
         },
@@ -133,6 +153,10 @@ def main() -> int:
         for k, v in summary["layouts"].items():
             tps, sec = v["tokens_per_s_median"], v["step_time_s_median"]
             print(f"{k:>9} {tps:>10.0f} {sec:>8.3f}  {v['tokens_per_s_runs']}")
+        print("allocated bytes per rank (weights / grads / optimizer state):")
+        for k, v in summary["layouts"].items():
+            print(f"{k:>9} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}"
+                                         for b in v["allocated_bytes_per_rank"]))
     return 0
 
 
