@@ -9,6 +9,11 @@ Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on
 (prompt ~24 tokens, response lengths lognormal with median 64 tokens, capped at 512). Layouts are
 interleaved run by run (A B A B ...), so machine noise hits them alike; each cell is the median
 over runs of the median step after one warm-up step. tokens/s counts prompt+response tokens processed.
+`--ab-baseline DIR` instead compares TP=1 `train_step` of this checkout with another one (e.g. the
+main branch: `git worktree add /tmp/base main`): one trainer process per checkout, steps taken in
+strict alternation A B A B ... on the same batches, so both see the same machine load step by step;
+it reports each side's median tokens/s and the median of the paired per-step ratios new/baseline.
+
 Each layout also reports every rank's allocated bytes of weights, gradients and optimizer state
 after the last step (`asp_npu.trainer.memory.allocated_bytes`).
 """
@@ -77,6 +82,71 @@ def measure(
     }
 
 
+AB_CHILD = r"""
+import json, sys, time
+import torch
+from asp_npu.config import Config
+from asp_npu.trainer.parallel import free_port
+from asp_npu.trainer.worker import TrainerWorker
+from asp_npu.types import TrainBatch, Trajectory
+model, batches_path, mbs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cfg = Config()
+cfg.model.path, cfg.trainer.device = model, "cpu"
+cfg.actor_config.micro_batch_size, cfg.actor_config.num_threads = mbs, threads
+w = TrainerWorker(cfg, 0, 1, master_port=free_port())
+batches = [TrainBatch([Trajectory(**t) for t in b["trajectories"]], b["group_size"])
+           for b in json.load(open(batches_path))]
+print("ready", flush=True)
+for line in sys.stdin:
+    m = w.train_step(batches[int(line)])
+    print(json.dumps({"tokens_per_s": m["tokens_per_s"], "step_time_s": m["step_time_s"]}), flush=True)
+"""
+
+
+def ab_compare(baseline: str, model: str, batches: list[TrainBatch], mbs: int, threads: int,
+               rounds: int) -> dict:
+    """Baseline checkout vs this one at TP=1, steps alternating between their two processes."""
+    import dataclasses
+    import subprocess
+
+    here = str(Path(__file__).resolve().parents[1])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([{"trajectories": [dataclasses.asdict(t) for t in b.trajectories],
+                    "group_size": b.group_size} for b in batches], f)
+    procs = {}
+    for name, tree in (("baseline", str(Path(baseline).resolve())), ("new", here)):
+        env = {**os.environ, "PYTHONPATH": tree}
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", AB_CHILD, model, f.name, str(mbs), str(threads or os.cpu_count() or 1)],
+            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True)
+    res: dict[str, list[float]] = {"baseline": [], "new": []}
+    try:
+        for p in procs.values():
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for r in range(rounds):
+            for i in range(len(batches)):
+                for name in (("baseline", "new") if (r + i) % 2 == 0 else ("new", "baseline")):
+                    p = procs[name]
+                    assert p.stdin is not None and p.stdout is not None
+                    p.stdin.write(f"{i}\n")
+                    p.stdin.flush()
+                    m = json.loads(p.stdout.readline())
+                    if i > 0 or r > 0:  # the very first step of each process warms up
+                        res[name].append(m["tokens_per_s"])
+    finally:
+        for p in procs.values():
+            if p.stdin:
+                p.stdin.close()
+            p.wait(timeout=60)
+        os.unlink(f.name)
+    ratios = [n / b for n, b in zip(res["new"], res["baseline"], strict=True)]
+    return {"baseline_tokens_per_s_median": statistics.median(res["baseline"]),
+            "new_tokens_per_s_median": statistics.median(res["new"]),
+            "paired_ratio_median": statistics.median(ratios), "pairs": len(ratios),
+            "ratio_quartiles": statistics.quantiles(ratios, n=4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layouts", default="1x1x1,2x1x1", help="comma list of TPxPPxDP")
@@ -96,6 +166,7 @@ def main() -> int:
     ap.add_argument("--sequence-parallel", action="store_true", help="on layouts with TP > 1")
     ap.add_argument("--recompute", default="", choices=["", "full", "selective"],
                     help="actor_config.recompute_granularity (full: uniform, 1 layer per chunk)")
+    ap.add_argument("--ab-baseline", default="", help="another checkout to compare with at TP=1 (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     for k, v in {
@@ -115,6 +186,10 @@ def main() -> int:
             model = str(build_model_dir(Path(tmp) / "model", args.size))
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
         batches = [synthetic_batch(vocab, args.groups, args.group_size, i) for i in range(args.steps + 1)]
+        if args.ab_baseline:
+            ab = ab_compare(args.ab_baseline, model, batches, args.micro_batch_size, args.threads, args.runs)
+            print(json.dumps({"size": args.size, "steps": args.steps, "rounds": args.runs, **ab}, indent=2))
+            return 0
         runs: dict[str, list[dict]] = {"x".join(map(str, lay)): [] for lay in layouts}
         for r in range(args.runs):
             for lay in layouts:

@@ -20,25 +20,21 @@ import torch
 @dataclass
 class _Moved:
     storage: torch.UntypedStorage
-    host: torch.Tensor | None  # None: contents not kept (gradients are zeroed before the next use)
+    host: torch.Tensor
     nbytes: int
 
 
 @dataclass
 class Offloader:
-    """Offloads one named set of storages (optimizer state, gradients or weights) and restores it."""
+    """Offloads one named set of storages (optimizer state or weights) and restores it. Gradients
+    need no copy (they are zeroed before every update): megatron's DDP `offload_grad_buffers` frees them."""
 
     name: str
-    keep_contents: bool = True
     moved: list[_Moved] = field(default_factory=list)
 
     @property
     def offloaded(self) -> bool:
         return bool(self.moved)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(m.host.numel() for m in self.moved if m.host is not None)
 
     def offload(self, tensors: Iterable[torch.Tensor]) -> int:
         """Copy each distinct storage to host memory and free it on the device; returns bytes freed."""
@@ -51,11 +47,9 @@ class Offloader:
             if s.nbytes():
                 storages.setdefault(s.data_ptr(), s)
         for s in storages.values():
-            host = None
-            if self.keep_contents:
-                pin = s.device.type != "cpu"
-                host = torch.empty(s.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
-                host.copy_(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s), non_blocking=pin)
+            # pinned host memory for a device storage; a blocking copy, so releasing it below is safe
+            host = torch.empty(s.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=s.device.type != "cpu")
+            host.copy_(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
             n = s.nbytes()
             s.resize_(0)
             self.moved.append(_Moved(s, host, n))
@@ -67,11 +61,7 @@ class Offloader:
         back = 0
         for m in self.moved:
             m.storage.resize_(m.nbytes)
-            view = torch.empty(0, dtype=torch.uint8, device=m.storage.device).set_(m.storage)
-            if m.host is not None:
-                view.copy_(m.host)
-            else:
-                view.zero_()
+            torch.empty(0, dtype=torch.uint8, device=m.storage.device).set_(m.storage).copy_(m.host)
             back += m.nbytes
         self.moved = []
         return back
