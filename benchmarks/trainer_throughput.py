@@ -12,7 +12,9 @@ over runs of the median step after one warm-up step. tokens/s counts prompt+resp
 `--ab-baseline DIR` instead compares TP=1 `train_step` of this checkout with another one (e.g. the
 main branch: `git worktree add /tmp/base main`): one trainer process per checkout, steps taken in
 strict alternation A B A B ... on the same batches, so both see the same machine load step by step;
-it reports each side's median tokens/s and the median of the paired per-step ratios new/baseline.
+it reports each side's median tokens/s, the median of the paired per-step ratios new/baseline (also
+in process CPU time, which a loaded machine disturbs less), and how each step splits into the
+forward/backward schedule and the rest (gradient reduction + optimizer update).
 
 Each layout also reports every rank's allocated bytes of weights, gradients and optimizer state
 after the last step (`asp_npu.trainer.memory.allocated_bytes`).
@@ -96,10 +98,25 @@ cfg.actor_config.micro_batch_size, cfg.actor_config.num_threads = mbs, threads
 w = TrainerWorker(cfg, 0, 1, master_port=free_port())
 batches = [TrainBatch([Trajectory(**t) for t in b["trajectories"]], b["group_size"])
            for b in json.load(open(batches_path))]
+schedule = [0.0]
+run_schedule = w._run_schedule
+
+
+def timed_schedule(*args, **kwargs):
+    t = time.perf_counter()
+    try:
+        return run_schedule(*args, **kwargs)
+    finally:
+        schedule[0] += time.perf_counter() - t
+
+
+w._run_schedule = timed_schedule
 print("ready", flush=True)
 for line in sys.stdin:
+    schedule[0], cpu = 0.0, time.process_time()
     m = w.train_step(batches[int(line)])
-    print(json.dumps({"tokens_per_s": m["tokens_per_s"], "step_time_s": m["step_time_s"]}), flush=True)
+    print(json.dumps({"tokens_per_s": m["tokens_per_s"], "step_time_s": m["step_time_s"],
+                      "cpu_s": time.process_time() - cpu, "schedule_s": schedule[0]}), flush=True)
 """
 
 
@@ -120,7 +137,7 @@ def ab_compare(baseline: str, model: str, batches: list[TrainBatch], mbs: int, t
             [sys.executable, "-c", AB_CHILD, model, f.name, str(mbs), str(threads or os.cpu_count() or 1)],
             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True)
-    res: dict[str, list[float]] = {"baseline": [], "new": []}
+    res: dict[str, list[dict]] = {"baseline": [], "new": []}
     try:
         for p in procs.values():
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -133,18 +150,28 @@ def ab_compare(baseline: str, model: str, batches: list[TrainBatch], mbs: int, t
                     p.stdin.flush()
                     m = json.loads(p.stdout.readline())
                     if i > 0 or r > 0:  # the very first step of each process warms up
-                        res[name].append(m["tokens_per_s"])
+                        res[name].append(m)
     finally:
         for p in procs.values():
             if p.stdin:
                 p.stdin.close()
             p.wait(timeout=60)
         os.unlink(f.name)
-    ratios = [n / b for n, b in zip(res["new"], res["baseline"], strict=True)]
-    return {"baseline_tokens_per_s_median": statistics.median(res["baseline"]),
-            "new_tokens_per_s_median": statistics.median(res["new"]),
+    def med(name: str, key: str) -> float:
+        return statistics.median(m[key] for m in res[name])
+
+    ratios = [n["tokens_per_s"] / b["tokens_per_s"] for n, b in zip(res["new"], res["baseline"], strict=True)]
+    cpu_ratios = [b["cpu_s"] / n["cpu_s"] for n, b in zip(res["new"], res["baseline"], strict=True)]
+    return {"baseline_tokens_per_s_median": med("baseline", "tokens_per_s"),
+            "new_tokens_per_s_median": med("new", "tokens_per_s"),
             "paired_ratio_median": statistics.median(ratios), "pairs": len(ratios),
-            "ratio_quartiles": statistics.quantiles(ratios, n=4)}
+            "ratio_quartiles": statistics.quantiles(ratios, n=4),
+            "paired_cpu_time_ratio_median": statistics.median(cpu_ratios),
+            "cpu_time_ratio_quartiles": statistics.quantiles(cpu_ratios, n=4),
+            "step_s_median": {k: med(k, "step_time_s") for k in res},
+            "schedule_s_median": {k: med(k, "schedule_s") for k in res},
+            "update_s_median": {k: statistics.median(m["step_time_s"] - m["schedule_s"] for m in res[k])
+                                for k in res}}
 
 
 def main() -> int:
