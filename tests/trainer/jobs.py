@@ -142,9 +142,13 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
             return step()
 
         w.optimizer.step = capturing_step
+        calls = [0]  # core attention forwards: recomputation runs them again during backward
+        w.module.decoder.layers[0].self_attention.core_attention.register_forward_hook(
+            lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
         losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
         out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
-                     "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes()}
+                     "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
+                     "core_attn_calls": calls[0]}
     return out
 
 
