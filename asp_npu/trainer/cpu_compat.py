@@ -2,7 +2,8 @@
 
 megatron-core assumes CUDA in a handful of places: `torch.cuda.current_device()` as a tensor device,
 the CUDA RNG state for its model-parallel RNG tracker, stream/event/synchronize calls, and a few
-`device="cuda"` literals (`torch.zeros(..., device="cuda")`, `tensor.cuda()`). This module maps them
+`device="cuda"` literals (`torch.zeros(..., device="cuda")`, `tensor.cuda()`), and its optimizer
+sorts parameters by `tensor.type() == 'torch.cuda.FloatTensor'`. This module maps them
 to CPU equivalents (wrapping the torch factory functions rather than a TorchFunctionMode, because a
 mode is thread-local and Ray may run actor methods on another thread). The trainer calls
 `prepare(kind)` right after `asp_npu.device.prepare_megatron(kind)`: it installs the shim on CPU only,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -97,6 +99,22 @@ def _cpu_rng_set(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = F
     torch.set_rng_state(new_state)
 
 
+_TENSOR_TYPE = torch.Tensor.type
+
+
+def _megatron_tensor_type(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False,
+                          **kwargs: Any) -> Any:
+    """`tensor.type()` as megatron's optimizer expects it ('torch.cuda.FloatTensor' ...) when megatron
+    asks about a CPU tensor; every other caller and every conversion get torch's own answer."""
+    if dtype is not None or kwargs:
+        return _TENSOR_TYPE(self, dtype, non_blocking, **kwargs)
+    name = _TENSOR_TYPE(self)
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    if self.device.type == "cpu" and name.startswith("torch.") and caller.startswith("megatron."):
+        return "torch.cuda." + name[len("torch."):]
+    return name
+
+
 class _DropForkWarning(logging.Filter):
     """On CPU megatron's "CUDA" RNG *is* the CPU generator, so its fork always changes the CPU state."""
 
@@ -154,6 +172,7 @@ def install() -> None:
     mrandom._set_cuda_rng_state = _cpu_rng_set
     logging.getLogger(mrandom.__name__).addFilter(_DropForkWarning())
     _define_missing_te_names()
+    torch.Tensor.type = _megatron_tensor_type
     for name in _FACTORIES:
         setattr(torch, name, _cpu_factory(getattr(torch, name)))
     torch.Tensor.cuda = lambda self, *args, **kwargs: self

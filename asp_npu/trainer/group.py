@@ -12,6 +12,7 @@ from typing import Any
 
 from asp_npu.config import Config
 from asp_npu.trainer.convert import HFWeights
+from asp_npu.trainer.features import check_features
 from asp_npu.trainer.parallel import ModelDims, check_layout
 from asp_npu.types import TrainBatch
 
@@ -54,6 +55,7 @@ class TrainerGroup:
         self.world_size = world_size or tp * pp * dp
         dims = ModelDims.from_hf_dir(cfg.model.path)
         self.layout = check_layout(dims, tp, pp, dp, self.world_size)  # before any actor exists
+        check_features(dims, act)
         kind = device.detect(cfg.trainer.device)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -102,6 +104,10 @@ class TrainerGroup:
         for p in parts:
             merged.tensors.update(p.tensors)
         return merged
+
+    def allocated_bytes(self) -> list[dict[str, int]]:
+        """Per rank: device bytes of weights, grads and optimizer state (`trainer.memory`)."""
+        return self._all("allocated_bytes")
 
     def save(self, directory: str) -> None:
         self._all("save", str(directory))

@@ -2,14 +2,19 @@
 
 Every rank receives the whole TrainBatch and deterministically picks its data-parallel shard, so the
 driver never needs to know the layout. Micro-batches go through megatron's pipeline schedule
-(`get_forward_backward_func`: 1F1B when PP > 1), gradients accumulate, then data-parallel gradients
-are summed, the global grad norm is clipped and AdamW steps. The loss is normalised by the number of
-response tokens of the whole minibatch, so any TP/PP/DP layout and micro-batch size gives the same
-loss and gradient as TP=1 (up to float rounding).
+(`get_forward_backward_func`: 1F1B when PP > 1) on a model wrapped in megatron's
+`DistributedDataParallel` (gradients accumulate in its fp32 buffers); `finalize_model_grads` then
+reduces them over data parallelism (all-reduce, or reduce-scatter for the distributed optimizer),
+syncs tied embeddings across stages and sequence-parallel norms across TP, and megatron's optimizer
+(`get_megatron_optimizer`: Adam, fp32 master weights for bf16/fp16, global-norm clipping, state
+sharded over DP with `use_distributed_optimizer`) steps. The loss is normalised by the number of
+response tokens of the whole minibatch and DP gradients are summed, so any TP/PP/DP layout and
+micro-batch size gives the same loss and gradient as TP=1 (up to float rounding).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 
 from asp_npu.config import Config
+from asp_npu.trainer.features import check_features, megatron_features
 from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
 from asp_npu.trainer.parallel import ModelDims, check_layout
 from asp_npu.types import TrainBatch, Trajectory
@@ -108,15 +114,16 @@ def micro_batch_bounds(lengths: list[int], micro_batch_size: int, max_token_len:
     return ends
 
 
-def make_micro_batches(samples: list[Sample], micro_batch_size: int,
-                       max_token_len: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak)."""
+def make_micro_batches(samples: list[Sample], micro_batch_size: int, max_token_len: int = 0,
+                       pad_multiple: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak),
+    rounded up to `pad_multiple` (sequence parallelism splits the sequence over TP ranks)."""
     out = []
     ordered = sorted(samples, key=lambda s: (-s.length, s.index))
     start = 0
     for end in micro_batch_bounds([s.length for s in ordered], micro_batch_size, max_token_len):
         chunk, start = ordered[start:end], end
-        seq = max(s.length for s in chunk)
+        seq = -(-max(s.length for s in chunk) // pad_multiple) * pad_multiple
         b = len(chunk)
         ids = torch.zeros(b, seq, dtype=torch.long)
         labels = torch.zeros(b, seq, dtype=torch.long)
@@ -155,6 +162,7 @@ class TrainerWorker:
         self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
                                    act.pipeline_model_parallel_size, act.data_parallel_size, world_size,
                                    act.expert_model_parallel_size)
+        check_features(self.dims, act)
         self.kind = device.detect(cfg.trainer.device)
         cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
             if act.cpu_cores and self.kind == "cpu" else []
@@ -173,28 +181,94 @@ class TrainerWorker:
         moe = self._moe_settings()
         self._aux_coeff = float(moe.get("moe_aux_loss_coeff", 0.0))
         self._build({**device.megatron_config_overrides(self.kind), **moe})
+        self.offload_train_state()  # colocated: the engines generate first
 
     # ------------------------------------------------------------------ construction
     def _build(self, overrides: dict[str, Any]) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
         from asp_npu.trainer.convert import load_hf_into_model, read_hf_state
-        from asp_npu.trainer.model import build_model
+        from asp_npu.trainer.model import DTYPES, build_model
+        from asp_npu.trainer.offload import Offloader
 
         act = self.cfg.actor_config
         hf = read_hf_state(self.model_path)
         dtype = self.cfg.model.dtype
-        self.model = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
-        load_hf_into_model(self.model, hf, self.dims, self.layout)
+        overrides = {**overrides, **megatron_features(act)}
+        self.module = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
+        load_hf_into_model(self.module, hf, self.dims, self.layout)
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
             self.ref_model = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
             load_hf_into_model(self.ref_model, hf, self.dims, self.layout)
             self.ref_model.eval().requires_grad_(False)
         del hf
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # bf16/fp16 models step fp32 master copies (mixed precision); fp32 models step in place
-        self.master = self.params if dtype == "float32" else [p.detach().float().clone() for p in self.params]
-        self.optimizer = torch.optim.AdamW(self.master, lr=act.lr, weight_decay=act.weight_decay,
-                                           betas=(0.9, 0.999), eps=1e-8)
+        # fp32 gradient buffers whatever the weights' dtype; summed (not averaged) over DP because the
+        # loss is already normalised by the whole minibatch's token count (calculate_per_token_loss)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=act.use_distributed_optimizer)
+        self.model = DistributedDataParallel(self.module.config, ddp_config, self.module)
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=act.lr, min_lr=0.0, weight_decay=act.weight_decay,
+            adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, clip_grad=act.clip_grad,
+            bf16=dtype == "bfloat16", fp16=dtype == "float16", params_dtype=DTYPES[dtype],
+            use_distributed_optimizer=act.use_distributed_optimizer)
+        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if dtype == "float16":
+            self.module.config.grad_scale_func = self.optimizer.scale_loss
+        self.offload = {"optimizer": Offloader("optimizer") if act.offload_train_optimizer else None,
+                        "param": Offloader("param") if act.offload_train_param else None}
+
+    # ------------------------------------------------------------------ offload (colocated modes)
+    def offload_train_state(self) -> None:
+        """Move what `offload_train_*` names to host memory (the engines generate meanwhile)."""
+        from asp_npu.trainer import memory
+
+        if self.offload["optimizer"] is not None:
+            self.offload["optimizer"].offload(memory.optimizer_tensors(self.model, self.optimizer))
+        if self.cfg.actor_config.offload_train_grad:
+            self.model.offload_grad_buffers()
+        if self.offload["param"] is not None:
+            self.offload["param"].offload(memory.weight_tensors(self.model))
+
+    def onload_train_state(self) -> None:
+        """Bring every offloaded buffer back to the device before the next forward/update."""
+        if self.offload["param"] is not None:
+            self.offload["param"].restore()
+        if self.cfg.actor_config.offload_train_grad:
+            self.model.restore_grad_buffers()
+        if self.offload["optimizer"] is not None:
+            self.offload["optimizer"].restore()
+
+    @contextlib.contextmanager
+    def _resident(self, weights_only: bool = False) -> Iterator[None]:
+        """Everything offloaded (or only the weights) on the device for the duration of the block."""
+        weights = self.offload["param"]
+        if weights_only:
+            back = weights is not None and weights.offloaded
+            if weights is not None and back:
+                weights.restore()
+            try:
+                yield
+            finally:
+                if weights is not None and back:
+                    from asp_npu.trainer import memory
+
+                    weights.offload(memory.weight_tensors(self.model))
+            return
+        self.onload_train_state()
+        try:
+            yield
+        finally:
+            self.offload_train_state()
+
+    def allocated_bytes(self) -> dict[str, int]:
+        """Device bytes of this rank's weights, grads and optimizer state (`trainer.memory`)."""
+        from asp_npu.trainer.memory import allocated_bytes
+
+        return allocated_bytes(self.model, self.optimizer)
 
     def _moe_settings(self) -> dict[str, Any]:
         """MoE training settings from model.arch (aux-loss coefficient: the HF config's by default)."""
@@ -295,7 +369,8 @@ class TrainerWorker:
         mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
         act = self.cfg.actor_config
         mbs = make_micro_batches(mine, act.micro_batch_size,
-                                 act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0)
+                                 act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
+                                 self.layout.tp if act.sequence_parallel else 1)
         if self.dims.num_experts and self.layout.dp > 1:
             mbs = self._same_shape_over_dp(mbs)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
@@ -337,67 +412,20 @@ class TrainerWorker:
                                        forward_only=True)
         return [d["logp"].detach() for d in store]
 
-    def _sync_grads(self) -> float:
-        """Sum data-parallel grads, tie embedding grads across stages, clip; returns the global norm."""
-        import torch.distributed as dist
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-        ps = self._ps()
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        # MoE experts (megatron marks them allreduce=False) are summed over the expert-data-parallel
-        # ranks only: the other data-parallel ranks hold other experts
-        experts = [p for p in self.params if not getattr(p, "allreduce", True)]
-        dense = [p for p in self.params if getattr(p, "allreduce", True)]
-        for params, group, size in ((dense, ps.get_data_parallel_group(), self.layout.dp),
-                                    (experts, ps.get_expert_data_parallel_group(),
-                                     self.layout.dp // self.layout.ep)):
-            if size > 1 and params:
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat, group=group)
-                off = 0
-                for p in params:
-                    n = p.numel()
-                    p.grad.copy_(flat[off:off + n].view_as(p.grad))
-                    off += n
-        shared = None
-        if self.dims.tie_word_embeddings and self.layout.pp > 1 and ps.is_rank_in_embedding_group():
-            shared = self.model.shared_embedding_or_output_weight()
-            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-        counted = [p for p in dense if param_is_not_tensor_parallel_duplicate(p)
-                   and not (p is shared and not ps.is_pipeline_first_stage())]  # tied copy counts once
-        # float32 on the device (NPUs have no float64); per-parameter sums keep the rounding small
-        sq = torch.stack([p.grad.float().pow(2).sum() for p in counted]).sum()
-        if self.layout.tp * self.layout.pp > 1:
-            dist.all_reduce(sq, group=ps.get_model_parallel_group())
-        if experts:  # each expert counted once: summed over its expert TP x EP x PP ranks
-            esq = torch.stack([p.grad.float().pow(2).sum() for p in experts
-                               if param_is_not_tensor_parallel_duplicate(p)]).sum()
-            if self.layout.tp * self.layout.ep * self.layout.pp > 1:
-                dist.all_reduce(esq, group=ps.get_expert_tensor_model_pipeline_parallel_group())
-            sq = sq + esq
-        norm = float(sq.sqrt())
-        clip = self.cfg.actor_config.clip_grad
-        if clip > 0 and norm > clip:
-            for p in self.params:
-                p.grad.mul_(clip / (norm + 1e-6))
-        return norm
-
     def _zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
 
-    def _optimizer_step(self) -> None:
-        if self.master is not self.params:
-            for m, p in zip(self.master, self.params, strict=True):
-                m.grad = p.grad.float()
-        self.optimizer.step()
-        if self.master is not self.params:
-            with torch.no_grad():
-                for m, p in zip(self.master, self.params, strict=True):
-                    p.copy_(m)
-                    m.grad = None
+    def _optimizer_step(self) -> float:
+        """Reduce gradients (DP, tied embeddings, sequence-parallel norms), clip, step; returns the
+        global gradient norm before clipping."""
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.model])
+        _, norm, _ = self.optimizer.step()
+        if norm is None:  # clip_grad = 0: megatron skips the norm
+            norm = self.optimizer.get_grad_norm()
+        return float(norm)
 
     def _reduce_stats(self, sums: dict[str, float], extremes: dict[str, float]) -> tuple[dict, dict]:
         """Sum statistics over data-parallel ranks (counted once per DP rank) and share with all ranks."""
@@ -420,7 +448,7 @@ class TrainerWorker:
         return dict(zip(keys, vec.tolist(), strict=True)), out_ext
 
     # ------------------------------------------------------------------ public API
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
         t0 = time.perf_counter()
         samples, dropped = batch_to_samples(batch, self.cfg.rl_config.drop_equal_reward_groups)
@@ -459,8 +487,7 @@ class TrainerWorker:
                     sums[key] += float(st[key])
                 ext["iw_max"] = max(ext["iw_max"], float(st["iw_max"]))
                 ext["iw_min"] = min(ext["iw_min"], float(st["iw_min"]))
-            grad_norms.append(self._sync_grads())
-            self._optimizer_step()
+            grad_norms.append(self._optimizer_step())
         sums, ext = self._reduce_stats(sums, ext)
         tokens = max(sums["tokens"], 1.0)
         self.step += 1
@@ -480,7 +507,7 @@ class TrainerWorker:
             metrics["moe_aux_loss"] = self._moe_aux_loss() / (epochs * max(len(micro), 1))  # per micro-batch
         return metrics
 
-    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
+    def _sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
         """One supervised update: mean negative log-likelihood of the response tokens (token level)."""
         t0 = time.perf_counter()
         if lr is not None:
@@ -501,8 +528,7 @@ class TrainerWorker:
         for st in self._run_schedule(self.model, micro, loss_fn, forward_only=False):
             sums["loss"] += float(st["loss"])
             sums["tokens"] += float(st["tokens"])
-        grad_norm = self._sync_grads()
-        self._optimizer_step()
+        grad_norm = self._optimizer_step()
         sums, _ = self._reduce_stats(sums, {})
         self.step += 1
         self.version += 1
@@ -515,7 +541,7 @@ class TrainerWorker:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+    def _compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
         """Current-policy logprobs of every trajectory's response tokens (same order as the batch)."""
         import torch.distributed as dist
 
@@ -539,25 +565,47 @@ class TrainerWorker:
             merged.update(p)
         return [merged.get(i, []) for i in range(len(batch.trajectories))]
 
-    def get_hf_weights(self) -> Any:
+    def _get_hf_weights(self) -> Any:
         """This pipeline stage's full HF tensors (numpy) on its TP-0/DP-0 rank, else None; + version."""
         from asp_npu.trainer.convert import HFWeights, megatron_stage_to_hf, to_numpy
 
         ps = self._ps()
-        tensors = megatron_stage_to_hf(self.model, self.dims)
+        tensors = megatron_stage_to_hf(self.module, self.dims)
         if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
             return HFWeights(self.version, to_numpy(tensors))
         return None
 
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
+        with self._resident():
+            return self._train_step(batch)
+
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
+        """One supervised update: mean negative log-likelihood of the response tokens (token level)."""
+        with self._resident():
+            return self._sft_step(batch, lr)
+
+    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        """Current-policy logprobs of every trajectory's response tokens (same order as the batch)."""
+        with self._resident(weights_only=True):
+            return self._compute_logprobs(batch)
+
+    def get_hf_weights(self) -> Any:
+        """This pipeline stage's full HF tensors (numpy) on its TP-0/DP-0 rank, else None; + version."""
+        with self._resident(weights_only=True):
+            return self._get_hf_weights()
+
     def save(self, directory: str) -> None:
         from asp_npu.trainer.checkpoint import save_checkpoint
 
-        save_checkpoint(directory, self)
+        with self._resident():
+            save_checkpoint(directory, self)
 
     def load(self, directory: str) -> dict[str, Any]:
         from asp_npu.trainer.checkpoint import load_checkpoint
 
-        return load_checkpoint(directory, self)
+        with self._resident():
+            return load_checkpoint(directory, self)
 
     def shutdown(self) -> None:
         from asp_npu.trainer.parallel import destroy_parallel

@@ -45,7 +45,7 @@ def parity(rank: int, world: int, port: int, model_dirs: list[str], tp: int) -> 
     for d, ref in zip(model_dirs, refs, strict=True):
         w = TrainerWorker(trainer_config(Path(d), tp, 1, world // tp), rank, world, master_port=port)
         err = float((full_logits(w, ids) - ref).abs().max())
-        back = megatron_stage_to_hf(w.model, w.dims)
+        back = megatron_stage_to_hf(w.module, w.dims)
         hf = read_hf_state(d)
         if w.dims.tie_word_embeddings:
             hf.pop("lm_head.weight", None)
@@ -70,10 +70,10 @@ def ep_run(rank: int, world: int, port: int, model_dir: str, ep: int, steps: int
     cfg.actor_config.expert_model_parallel_size = ep
     w = TrainerWorker(cfg, rank, world, master_port=port)
     metrics = [w.train_step(make_batch(groups=4, seed=s)) for s in range(steps)]
-    grads = {n: p.grad for n, p in w.model.named_parameters()}
+    grads = {n: p.main_grad for n, p in w.module.named_parameters()}  # DDP's reduced fp32 grads
     out = {"losses": [m["loss"] for m in metrics], "grad_norms": [m["grad_norm"] for m in metrics],
            "aux": [m["moe_aux_loss"] for m in metrics],
-           "grads": to_numpy(megatron_stage_to_hf(w.model, w.dims, grads)),
-           "weights": to_numpy(megatron_stage_to_hf(w.model, w.dims))}
+           "grads": to_numpy(megatron_stage_to_hf(w.module, w.dims, grads)),
+           "weights": to_numpy(megatron_stage_to_hf(w.module, w.dims))}
     w.shutdown()
     return out if rank == 0 else {}

@@ -90,6 +90,111 @@ def grpo_options(rank: int, world: int, port: int, model_dir: str) -> dict[str, 
     bf16_cfg.model.dtype = "bfloat16"
     bf16 = TrainerWorker(bf16_cfg, rank, world, master_port=port)
     bf16_losses = [bf16.train_step(make_batch())["loss"] for _ in range(2)]
-    master_dtype = str(bf16.master[0].dtype)
+    from asp_npu.trainer.memory import torch_optimizers
+
+    master_dtype = str(torch_optimizers(bf16.optimizer)[0].param_groups[0]["params"][0].dtype)
     return {"first": first, "skipped": skipped, "version": w.version, "bf16_losses": bf16_losses,
             "bf16_master": master_dtype}
+
+
+def _full_grads(worker: Any) -> dict[str, Any]:
+    """The reduced (pre-clip) gradients in HF names and full shapes; the distributed optimizer's
+    reduce-scatter left each DP rank its own shard of every bucket, so the shards are gathered first."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from asp_npu.trainer.convert import megatron_stage_to_hf
+
+    dp = ps.get_data_parallel_world_size()
+    if worker.cfg.actor_config.use_distributed_optimizer and dp > 1:
+        for buf in worker.model.buffers:
+            for bucket in buf.buckets:
+                shards = list(bucket.grad_data.view(dp, -1).unbind(0))
+                mine = shards[ps.get_data_parallel_rank()].clone()
+                dist.all_gather(shards, mine, group=ps.get_data_parallel_group())
+    grads = {name: p.main_grad.detach().clone() for name, p in worker.module.named_parameters()}
+
+    class _Grads(torch.nn.Module):
+        def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+            return grads
+
+    return {k: v.numpy() for k, v in megatron_stage_to_hf(_Grads(), worker.dims).items()}
+
+
+def training_parity(rank: int, world: int, port: int, model_dir: str,
+                    setups: dict[str, dict[str, Any]], steps: int = 3) -> dict[str, Any]:
+    """For each named setup (actor_config fields): losses of `steps` GRPO steps, the HF-named gradients
+    before every optimizer step, and the per-rank allocated bytes after the last step."""
+    from asp_npu.trainer.worker import TrainerWorker
+
+    out: dict[str, Any] = {}
+    for name, fields in setups.items():
+        cfg = trainer_config(Path(model_dir))
+        for k, v in fields.items():
+            setattr(cfg.actor_config, k, v)
+        w = TrainerWorker(cfg, rank, world, master_port=port)
+        grads: list[dict[str, Any]] = []
+        step = w.optimizer.step
+
+        def capturing_step(w: Any = w, step: Any = step, grads: list = grads) -> Any:
+            grads.append(_full_grads(w))
+            return step()
+
+        w.optimizer.step = capturing_step
+        calls = [0]  # core attention forwards: recomputation runs them again during backward
+        w.module.decoder.layers[0].self_attention.core_attention.register_forward_hook(
+            lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
+        losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
+        out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
+                     "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
+                     "core_attn_calls": calls[0]}
+    return out
+
+
+def reshard_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str,
+                   save_layout: tuple[int, int], load_layout: tuple[int, int],
+                   dist_opt: bool) -> dict[str, Any]:
+    """Train at (tp, dp) `save_layout`, save, train on; a fresh trainer at `load_layout` loads the
+    checkpoint and takes the same next two steps."""
+    from asp_npu.trainer.worker import TrainerWorker
+
+    def worker(tp: int, dp: int) -> Any:
+        cfg = trainer_config(Path(model_dir), tp=tp, dp=dp)
+        cfg.actor_config.use_distributed_optimizer = dist_opt
+        return TrainerWorker(cfg, rank, world, master_port=port)
+
+    w = worker(*save_layout)
+    w.train_step(make_batch(seed=0))
+    w.train_step(make_batch(seed=1))
+    w.save(ckpt)
+    uninterrupted = [w.train_step(make_batch(seed=i)) for i in (2, 3)]
+    r = worker(*load_layout)
+    meta = r.load(ckpt)
+    resumed = [r.train_step(make_batch(seed=i)) for i in (2, 3)]  # the second sees the restored Adam state
+    return {"uninterrupted": uninterrupted, "resumed": resumed, "meta": meta, "version": r.version}
+
+
+def offload_cycle(rank: int, world: int, port: int, model_dir: str) -> dict[str, Any]:
+    """A colocated-mode trainer with optimizer, gradients and weights offloaded between updates,
+    next to one without offload: what stays allocated, and whether training is unchanged."""
+    from asp_npu.trainer.worker import TrainerWorker
+
+    out: dict[str, Any] = {}
+    for name, on in (("plain", False), ("offload", True)):
+        cfg = trainer_config(Path(model_dir))
+        cfg.rl_config.mode = "mindspeed-sync"
+        a = cfg.actor_config
+        a.offload_train_optimizer = a.offload_train_grad = a.offload_train_param = on
+        w = TrainerWorker(cfg, rank, world, master_port=port)
+        res: dict[str, Any] = {"initial": w.allocated_bytes(), "losses": [], "between": []}
+        for i in range(3):
+            res["losses"].append(w.train_step(make_batch(seed=i))["loss"])
+            res["between"].append(w.allocated_bytes())
+        res["logprobs"] = w.compute_logprobs(make_batch(seed=5))
+        res["weights"] = w.get_hf_weights().tensors
+        res["after_reads"] = w.allocated_bytes()
+        with w._resident():
+            res["resident"] = w.allocated_bytes()
+        out[name] = res
+    return out
