@@ -64,6 +64,9 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.8  # NPU/CUDA only; CPU uses VLLM_CPU_KVCACHE_SPACE
     seed: int = 0
+    # vLLM weight-transfer engine ("gloo", "nccl", "ipc"; "auto": `device.weight_transfer_backend` for this
+    # platform, disaggregated; "" builds none and leaves only the object-store refresh)
+    weight_transfer: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the engine's args
 
 

@@ -7,12 +7,16 @@ it to vLLM's own `reload_weights(..., is_checkpoint_format=True)`, which handles
 q/k/v and gate/up fusion and any repacking. The caller must then reset the prefix cache, or KV
 blocks computed with the old weights are reused.
 
-This module is imported inside vLLM's worker process; it must stay import-light.
+This module is imported inside vLLM's worker process (where vLLM is already loaded).
 """
 
 from __future__ import annotations
 
 import time
+
+# registers the `gloo` weight-transfer engine with vLLM's factory: vLLM imports this module in every
+# worker before the worker builds its weight-transfer engine
+from asp_npu.rollout import weight_transfer  # noqa: F401
 
 EXTENSION_CLS = "asp_npu.rollout.weight_receiver.WeightReceiver"
 
@@ -28,6 +32,10 @@ class WeightReceiver:
         weights = list(with_tied_head(self, dict(load(bytes(blob)))).items())
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return time.perf_counter() - t0
+
+    def weight_transfer_stats(self) -> dict:
+        """What the last refresh through the weight-transfer engine cost here (gloo engine; else empty)."""
+        return dict(getattr(getattr(self, "weight_transfer_engine", None), "last", None) or {})
 
     def cpu_affinity(self) -> list[int]:
         """Cores this worker's threads may run on (union over threads): checks per-instance pinning."""

@@ -103,6 +103,10 @@ class TrainerGroup:
             merged.tensors.update(p.tensors)
         return merged
 
+    def push_weights_to_rollout(self, link: Any, send: bool = True) -> dict[str, Any]:
+        """Trainer rank 0 pushes its weights through vLLM's weight-transfer engine (`rollout.weight_sync`)."""
+        return self._all("push_weights_to_rollout", link, send)[0]
+
     def save(self, directory: str) -> None:
         self._all("save", str(directory))
 
