@@ -79,6 +79,8 @@ class RefreshReport:
     total_s: float  # serialise + transfer + load + prefix-cache reset
     drain_s: float  # waiting for in-flight sequences of the old version
     num_bytes: int
+    frozen_s: float = 0.0  # weight-transfer engine: running sequences stopped (drain: the whole refresh)
+    transfer_s: float = 0.0  # weight-transfer engine: the update_weights RPC (rest of receive + load)
 
 
 class RolloutEngine(Protocol):

@@ -320,8 +320,9 @@ class VLLMEngine:
     #
     # The trainer side drives these four (vLLM's RL protocol): init once, then per refresh
     # start -> update (concurrently with the trainer's send) -> finish. `drain=True` lets running
-    # sequences finish on the old weights first; `drain=False` freezes them with
-    # `pause_generation(mode="keep")` and they continue on the new weights after `resume_generation`.
+    # sequences finish on the old weights first; `drain=False` lets them decode while the weights
+    # travel, freezes them with `pause_generation(mode="keep")` for the load alone, and they continue
+    # on the new weights after `resume_generation`.
 
     @property
     def transfer_world_size(self) -> int:
@@ -337,7 +338,10 @@ class VLLMEngine:
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
 
     async def start_weight_update(self, drain: bool = True) -> float:
-        """Stop admitting, then drain (returns the seconds waited) or freeze running sequences in place."""
+        """Stop admitting and, with `drain`, wait for running sequences (returns the seconds waited).
+
+        Without drain, running sequences keep decoding while the weights travel (a transfer engine that
+        receives in the background, like `gloo`); they are frozen only in `update_weights`."""
         if self._update is not None:
             raise UserError("weight_refresh: an update is already in progress on this engine")
         if not drain and self.settings.enable_prefix_caching:
@@ -345,11 +349,8 @@ class VLLMEngine:
         t0 = time.perf_counter()
         drain_s = await self._drain() if drain else 0.0
         self._gate.clear()
-        self._update = {"t0": t0, "drain": drain, "drain_s": drain_s, "paused": False}
+        self._update = {"t0": t0, "drain": drain, "drain_s": drain_s, "paused": False, "t_frozen": t0}
         try:
-            if not drain:
-                await self.llm.pause_generation(mode="keep", clear_cache=False)
-                self._update["paused"] = True
             await self.llm.start_weight_update()
         except BaseException:
             await self.abort_weight_update()
@@ -357,27 +358,39 @@ class VLLMEngine:
         return drain_s
 
     async def update_weights(self, update_info: Mapping[str, Any] | list[Mapping[str, Any]]) -> None:
+        """Receive and load. In keep mode: wait until the weights have arrived (sequences still
+        decoding), then `pause_generation(mode="keep")` freezes them for the load alone."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        if self._update is None:
+        update = self._update
+        if update is None:
             raise UserError("weight_refresh: update_weights before start_weight_update")
         info = [dict(u) for u in update_info] if isinstance(update_info, list) else dict(update_info)
+        if not update["drain"]:
+            while not all(await self.llm.collective_rpc("weight_transfer_received")):
+                await asyncio.sleep(0.005)
+            update["t_frozen"] = time.perf_counter()
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            update["paused"] = True
+        t0 = time.perf_counter()
         await self.llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+        update["transfer_s"] = time.perf_counter() - t0
 
     async def finish_weight_update(self, version: int) -> RefreshReport:
-        """Make the new weights live as `version` and reopen admission."""
-        if self._update is None:
+        """Make the new weights live as `version` and reopen admission (resume frozen sequences)."""
+        update = self._update
+        if update is None:
             raise UserError("weight_refresh: finish_weight_update before start_weight_update")
         await self.llm.finish_weight_update(str(int(version)))
-        if self._update["drain"]:
+        if update["drain"]:
             await self.llm.reset_prefix_cache()
         self.policy_version = int(version)
-        (stats, *_) = await self.llm.collective_rpc("weight_transfer_stats")
-        update = self._update
         await self.abort_weight_update()  # resume + reopen: the same exit as a failed update
+        t_end = time.perf_counter()
+        (stats, *_) = await self.llm.collective_rpc("weight_transfer_stats")
         return RefreshReport(
-            int(version), float(stats.get("load_s", 0.0)), time.perf_counter() - update["t0"],
-            update["drain_s"], int(stats.get("bytes", 0)),
+            int(version), float(stats.get("load_s", 0.0)), t_end - update["t0"], update["drain_s"],
+            int(stats.get("bytes", 0)), t_end - update["t_frozen"], update.get("transfer_s", 0.0),
         )
 
     async def abort_weight_update(self) -> None:

@@ -37,6 +37,12 @@ class WeightReceiver:
         """What the last refresh through the weight-transfer engine cost here (gloo engine; else empty)."""
         return dict(getattr(getattr(self, "weight_transfer_engine", None), "last", None) or {})
 
+    def weight_transfer_received(self) -> bool:
+        """Whether a refresh the transfer engine receives in the background has arrived (True if the
+        engine receives inside update_weights, as vLLM's nccl engine does)."""
+        received = getattr(getattr(self, "weight_transfer_engine", None), "received", None)
+        return True if received is None else bool(received())
+
     def cpu_affinity(self) -> list[int]:
         """Cores this worker's threads may run on (union over threads): checks per-instance pinning."""
         import os

@@ -310,12 +310,14 @@ class WeightSync:
 
     def _push(self, send: bool) -> dict[str, Any]:
         assert self.link is not None
-        with ThreadPoolExecutor(max_workers=1) as exe:
-            future = exe.submit(self.trainer.push_weights_to_rollout, self.link, send)
-            try:
-                return future.result(timeout=self.link.timeout_s * 2 + 30)
-            except Exception as exc:
-                raise WeightSyncError(self._diagnose("send" if send else "connect", exc)) from None
+        exe = ThreadPoolExecutor(max_workers=1)
+        future = exe.submit(self.trainer.push_weights_to_rollout, self.link, send)
+        try:
+            return future.result(timeout=self.link.timeout_s * 2 + 30)
+        except Exception as exc:
+            raise WeightSyncError(self._diagnose("send" if send else "connect", exc)) from None
+        finally:
+            exe.shutdown(wait=False)  # never wait on a push stuck behind a dead peer
 
     def _diagnose(self, what: str, exc: BaseException) -> str:
         """One line: which peer of the transfer group is gone (pinged), else the error's first line.

@@ -24,6 +24,7 @@ registration happens before the worker builds its engine; keep its imports light
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -68,7 +69,10 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
 class GlooWeightTransferEngine(
     WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
 ):
-    """Inference-worker half: receives a broadcast refresh and loads it bucket by bucket."""
+    """Inference-worker half. The broadcast is received on a background thread from
+    `start_weight_update` on, into host memory, while the engine keeps stepping; `update_weights`
+    (the engine-core RPC, which blocks stepping) then only loads. The caller can poll `received()`
+    and stop generation just for the load: running sequences lose the load time, not the transfer."""
 
     init_info_cls = GlooWeightTransferInitInfo
     update_info_cls = GlooWeightTransferUpdateInfo
@@ -77,7 +81,10 @@ class GlooWeightTransferEngine(
     def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
         self.transport: Any = None
+        self.timeout_s = DEFAULT_TIMEOUT_S
         self.last: dict[str, float] = {}
+        self._rx: threading.Thread | None = None
+        self._rx_result: dict[str, Any] = {}
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
@@ -88,12 +95,29 @@ class GlooWeightTransferEngine(
         spec = GroupSpec(
             init_info.master_address, init_info.master_port, init_info.world_size, GLOO, init_info.timeout_s
         )
+        self.timeout_s = init_info.timeout_s
         self.transport = CollectiveTransport(spec, rank, device="cpu")
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        if self.transport is None:
+            raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was never called")
+        if self._rx is not None and self._rx.is_alive():
+            raise RuntimeError("gloo weight transfer: the previous refresh is still being received")
+        result: dict[str, Any] = {"weights": {}}
+        self._rx_result = result
 
-        initialize_layerwise_reload(self.model)
+        def receive() -> None:
+            try:
+                result["version"], _ = self.transport.receive(on_bucket=result["weights"].update)
+            except BaseException as exc:  # surfaced by update_weights
+                result["error"] = exc
+
+        self._rx = threading.Thread(target=receive, name="asp-weight-rx", daemon=True)
+        self._rx.start()
+
+    def received(self) -> bool:
+        """Whether the refresh started by `start_weight_update` has fully arrived (or failed)."""
+        return self._rx is None or not self._rx.is_alive()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # the base class synchronizes the accelerator, which raises on a CPU-only machine
@@ -102,30 +126,45 @@ class GlooWeightTransferEngine(
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
         from asp_npu.rollout.weight_receiver import with_tied_head
 
-        if self.transport is None:
-            raise RuntimeError("gloo weight transfer: init_weight_transfer_engine was never called")
-        load_s = 0.0
-
-        def load(bucket: dict[str, torch.Tensor]) -> None:
-            nonlocal load_s
-            t0 = time.perf_counter()
-            self.model.load_weights(list(with_tied_head(self, bucket).items()))
-            load_s += time.perf_counter() - t0
-
-        version, _ = self.transport.receive(on_bucket=load)
-        if version != update_info.version:
-            raise RuntimeError(
-                f"gloo weight transfer: told to expect version {update_info.version}, received {version}"
+        if self._rx is None:
+            raise RuntimeError("gloo weight transfer: update_weights before start_weight_update")
+        self._rx.join(timeout=self.timeout_s)
+        if self._rx.is_alive():
+            raise TimeoutError(
+                f"gloo weight transfer: nothing complete from rank 0 within {self.timeout_s:.0f} s"
             )
+        self._rx = None
+        result, self._rx_result = self._rx_result, {}
+        if "error" in result:
+            raise result["error"]
+        if result["version"] != update_info.version:
+            raise RuntimeError(
+                f"gloo weight transfer: told to expect version {update_info.version}, "
+                f"received {result['version']}"
+            )
+        t0 = time.perf_counter()
+        # one layerwise-reload session: fused layers (q/k/v, gate/up) may straddle buckets
+        initialize_layerwise_reload(self.model)
+        self.model.load_weights(list(with_tied_head(self, result["weights"]).items()))
         stats = self.transport.history[-1]
-        self.last = {"version": version, "seconds": stats.seconds, "load_s": load_s, "bytes": stats.nbytes}
+        self.last = {
+            "version": result["version"],
+            "seconds": stats.seconds,
+            "load_s": time.perf_counter() - t0,
+            "bytes": stats.nbytes,
+        }
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        t0 = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
+        if self.last:
+            self.last["load_s"] += time.perf_counter() - t0
 
     def shutdown(self) -> None:
         if self.transport is not None:
