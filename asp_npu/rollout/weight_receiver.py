@@ -1,4 +1,5 @@
-"""vLLM worker extension that loads new weights in place (the receiving end of a weight_refresh).
+"""vLLM worker extension: the object-store weight_refresh (the fallback that needs no process group)
+and small probes of the weight-transfer engine (`asp_npu.rollout.weight_transfer`).
 
 Why a worker extension: tensors sent through `collective_rpc` arrive as nested lists, and calling
 `model.load_weights` directly breaks on backends that repack linear weights (vLLM CPU does). So
@@ -54,44 +55,6 @@ class WeightReceiver:
             except OSError:
                 continue
         return sorted(cores)
-
-    # -- collective weight_refresh (asp_npu.rollout.weight_transport.CollectiveTransport) ---------
-
-    def join_weight_group(self, host: str, port: int, world_size: int, rank_offset: int, backend: str) -> int:
-        """Join the trainer's broadcast group as rank `rank_offset` + this worker's TP rank.
-
-        Must run while trainer rank 0 creates its end (the group forms when all ranks arrive)."""
-        from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
-
-        rank = rank_offset + int(getattr(self, "rank", 0))
-        device = str(getattr(self, "device", "cpu"))
-        spec = GroupSpec(host, port, world_size, backend)
-        self._asp_weight_group = CollectiveTransport(spec, rank, device=device)
-        return rank
-
-    def receive_weights_collective(self) -> tuple[int, float, float, int]:
-        """Block for the next broadcast refresh and load it in place.
-
-        Returns (version, seconds receiving, seconds loading, bytes). The caller resets the prefix cache."""
-        group = getattr(self, "_asp_weight_group", None)
-        if group is None:
-            raise RuntimeError("receive_weights_collective: call join_weight_group first")
-        host: dict = {}
-        # Buckets go to host memory as they arrive (device memory holds one bucket, not a second model),
-        # then ONE reload: vLLM's layerwise reload zero-fills a fused layer (qkv, gate_up) that a call
-        # only partly covers, so per-bucket reloads would corrupt layers split across buckets.
-        version, _ = group.receive(on_bucket=lambda b: host.update({k: v.cpu() for k, v in b.items()}))
-        recv_s = group.history[-1].seconds
-        t0 = time.perf_counter()
-        reload = self.reload_weights  # type: ignore[attr-defined]
-        reload(weights_iterator=list(with_tied_head(self, host).items()), is_checkpoint_format=True)
-        return version, recv_s, time.perf_counter() - t0, group.history[-1].nbytes
-
-    def leave_weight_group(self) -> None:
-        group = getattr(self, "_asp_weight_group", None)
-        if group is not None:
-            group.close()
-            self._asp_weight_group = None
 
 
 def with_tied_head(worker: object, weights: dict) -> dict:

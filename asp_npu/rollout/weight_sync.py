@@ -219,6 +219,7 @@ def push_from_trainer(
     if weights is None:
         return {"connect_s": connect_s, "instances": []}
     engine, client, source = _SENDERS[link.key]
+    client.link = link  # the same group; the driver may have switched drain / keep since
     source.load(weights, version)
     client.version = int(version)
     t1 = time.perf_counter()

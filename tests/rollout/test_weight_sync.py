@@ -175,7 +175,7 @@ def keep_setup(ray_cluster, tiny_model_dir):
     )
     (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
-    sync = WeightSync(kind="cpu", drain=False, timeout_s=30)
+    sync = WeightSync(kind="cpu", drain=True, timeout_s=30)  # the keep test switches it
     sync.connect([inst], RayTrainer(trainer_actor))
     yield ray, inst, trainer_actor, sync
     sync.close()
@@ -188,6 +188,7 @@ def test_keep_mode_refreshes_mid_flight_and_records_first_and_last_version(keep_
     """pause_generation(mode="keep"): running sequences freeze, the weights load, they continue on
     the new ones; each sample records the version of its first and of its last token."""
     ray, inst, trainer_actor, sync = keep_setup
+    sync.set_drain(False)  # on the connected group: the trainer side must follow
     _, state = perturbed(tiny_model_dir, seed=7)
     ray.get(trainer_actor.set_weights.remote(state, 1))
     items = make_prompts("count", 1, seed=12)
