@@ -94,7 +94,7 @@ def model_dir(name: str, root: Path) -> Path:
     from asp_npu.data.init_model import build_model_dir
 
     if name in ("tiny", "small"):
-        return build_model_dir(root / name, size=name, seed=0)
+        return root / name if (root / name).exists() else build_model_dir(root / name, size=name, seed=0)
     if name == "1gib":
         small = root / "small" if (root / "small").exists() else build_model_dir(root / "small", size="small")
         return build_1gib(root / "1gib", small)
@@ -187,32 +187,38 @@ def main() -> None:
 
     ray.init(num_cpus=max(2, args.instances), include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="weight-refresh-"))
+    print(
+        f"{args.instances} instances, median of {args.repeats}; seconds "
+        "(driver wall; frozen = running sequences stopped)"
+    )
+    print(HEADER, flush=True)
     results = []
     try:
         for name in args.models.split(","):
             results.append(bench_model(name, root, args.repeats, args.instances))
+            print(row(results[-1]), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
+    print("\n" + HEADER + "\n" + "\n".join(row(r) for r in results))
+
+
+HEADER = (
+    "| model | MiB | connect (new, once) | drained old | drained new | in flight old | in flight new "
+    "| frozen old | frozen new |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def row(r: dict[str, Any]) -> str:
     med = statistics.median
-    print(
-        f"\n{args.instances} instances, median of {args.repeats}; seconds "
-        "(driver wall; frozen = running sequences stopped)"
+    return (
+        f"| {r['model']} | {r['bytes'] / 2**20:.0f} | {r['connect_s']:.2f} "
+        f"| {med(r['drained/old/wall_s']):.3f} | {med(r['drained/new/wall_s']):.3f} "
+        f"| {med(r['inflight/old/wall_s']):.3f} | {med(r['inflight/new/wall_s']):.3f} "
+        f"| {med(r['inflight/old/frozen_s']):.3f} | {med(r['inflight/new/frozen_s']):.3f} |"
     )
-    print(
-        "| model | MiB | connect (new, once) | drained old | drained new | in flight old | in flight new "
-        "| frozen old | frozen new |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r['model']} | {r['bytes'] / 2**20:.0f} | {r['connect_s']:.2f} "
-            f"| {med(r['drained/old/wall_s']):.3f} | {med(r['drained/new/wall_s']):.3f} "
-            f"| {med(r['inflight/old/wall_s']):.3f} | {med(r['inflight/new/wall_s']):.3f} "
-            f"| {med(r['inflight/old/frozen_s']):.3f} | {med(r['inflight/new/frozen_s']):.3f} |"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
