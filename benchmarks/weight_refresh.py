@@ -142,33 +142,41 @@ def bench_model(name: str, root: Path, repeats: int, num_instances: int) -> dict
     version = 0
     long = SamplingSettings(max_tokens=300 if big else 1500, ignore_eos=True, seed=1)
     try:
-        for situation in ("drained", "inflight"):
-            for sync in (old, new):
-                sync.set_drain(situation == "drained")
-            for r in range(repeats):
-                for label, sync in (("old", old), ("new", new)):
-                    version += 1
-                    ray.get(actor.perturb.remote(version, version))
-                    if situation == "inflight":
-                        inflight_units(ray, instances, long, 1000 * version, 4)
-                    t0 = time.perf_counter()
-                    out = sync.publish(version)
-                    wall = time.perf_counter() - t0
-                    reps = out["instances"]
-                    frozen = max(rep["load_s"] if label == "old" else rep["frozen_s"] for rep in reps)
-                    res.setdefault(f"{situation}/{label}/wall_s", []).append(wall)
-                    res.setdefault(f"{situation}/{label}/load_s", []).append(
-                        max(rep["load_s"] for rep in reps)
-                    )
-                    if situation == "inflight":
-                        res.setdefault(f"{situation}/{label}/frozen_s", []).append(frozen)
-                        ray.get([i.wait_idle.remote(600) for i in instances])
-                        ray.get([i.poll.remote() for i in instances])
-                    print(f"  {name} {situation} {label} run {r + 1}: {wall:.3f} s", flush=True)
+        # the new path first: on a small machine the old one can run out of memory at 1 GiB x 2
+        # instances (Ray then kills the instances), and that must not cost the new path's figures
+        for label, sync in (("new", new), ("old", old)):
+            try:
+                for situation in ("drained", "inflight"):
+                    sync.set_drain(situation == "drained")
+                    for r in range(repeats):
+                        version += 1
+                        ray.get(actor.perturb.remote(version, version))
+                        if situation == "inflight":
+                            inflight_units(ray, instances, long, 1000 * version, 4)
+                        t0 = time.perf_counter()
+                        reps = sync.publish(version)["instances"]
+                        wall = time.perf_counter() - t0
+                        key = f"{situation}/{label}"
+                        res.setdefault(f"{key}/wall_s", []).append(wall)
+                        res.setdefault(f"{key}/load_s", []).append(max(rep["load_s"] for rep in reps))
+                        if situation == "inflight":
+                            frozen = max(rep["load_s"] if label == "old" else rep["frozen_s"] for rep in reps)
+                            res.setdefault(f"{key}/frozen_s", []).append(frozen)
+                            ray.get([i.wait_idle.remote(600) for i in instances])
+                            ray.get([i.poll.remote() for i in instances])
+                        print(f"  {name} {situation} {label} run {r + 1}: {wall:.3f} s", flush=True)
+            except Exception as exc:  # recorded in the table instead of the figure
+                res[f"{label}/error"] = str(exc).splitlines()[0][:160]
+                print(f"  {name} {label}: {res[f'{label}/error']}", flush=True)
+                break
     finally:
         new.close()
-        ray.get([i.shutdown.remote() for i in instances])
         for a in [*instances, actor]:
+            try:
+                if a is not actor:
+                    ray.get(a.shutdown.remote(), timeout=60)
+            except Exception:  # an instance the memory monitor killed
+                pass
             ray.kill(a)
     return res
 
@@ -212,12 +220,21 @@ HEADER = (
 
 
 def row(r: dict[str, Any]) -> str:
-    med = statistics.median
+    def cell(key: str) -> str:
+        values = r.get(key)
+        return f"{statistics.median(values):.3f}" if values else "failed"
+
+    cols = [
+        f"{s}/{p}/{m}"
+        for m, s in (("wall_s", "drained"), ("wall_s", "inflight"), ("frozen_s", "inflight"))
+        for p in ("old", "new")
+    ]
+    errors = "; ".join(f"{p}: {r[f'{p}/error']}" for p in ("old", "new") if f"{p}/error" in r)
     return (
-        f"| {r['model']} | {r['bytes'] / 2**20:.0f} | {r['connect_s']:.2f} "
-        f"| {med(r['drained/old/wall_s']):.3f} | {med(r['drained/new/wall_s']):.3f} "
-        f"| {med(r['inflight/old/wall_s']):.3f} | {med(r['inflight/new/wall_s']):.3f} "
-        f"| {med(r['inflight/old/frozen_s']):.3f} | {med(r['inflight/new/frozen_s']):.3f} |"
+        f"| {r['model']} | {r['bytes'] / 2**20:.0f} | {r['connect_s']:.2f} | "
+        + " | ".join(cell(c) for c in cols)
+        + " |"
+        + (f" {errors}" if errors else "")
     )
 
 

@@ -258,3 +258,41 @@ def test_a_dead_instance_is_one_line_naming_it(ray_cluster, tiny_model_dir):
     finally:
         sync.close()
         ray.kill(trainer_actor)
+
+
+@pytest.mark.slow
+def test_the_megatron_trainer_pushes_from_rank_0(ray_cluster, tiny_model_dir):
+    """A real trainer (PP=2: two stages meet on rank 0) trains one step and pushes through
+    `push_weights_to_rollout`; the instance then generates what the trainer's HF export generates."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from asp_npu.rollout.instance import launch_instances
+    from asp_npu.rollout.weight_sync import WeightSync
+    from asp_npu.trainer.group import TrainerGroup
+    from tests.trainer.helpers import make_batch, trainer_config
+
+    ray = ray_cluster
+    settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
+    (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
+    group = TrainerGroup(trainer_config(tiny_model_dir, pp=2, lr=5e-2), cpus_per_rank=0)
+    sync = WeightSync(kind="cpu", timeout_s=120)
+    try:
+        group.train_step(make_batch(seed=1))
+        sync.connect([inst], group)
+        (report,) = sync.publish(1)["instances"]
+        hf = group.get_hf_weights()
+        assert report["version"] == hf.version == 1
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(tiny_model_dir)))
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in hf.tensors.items()}, strict=False)
+        model.tie_weights()
+        model.eval()
+        items = make_prompts("count", 2, seed=13)
+        greedy = SamplingSettings(temperature=0.0, max_tokens=16, ignore_eos=True)
+        for t in run(ray, inst, items, greedy, 0):
+            assert t.policy_version == 1
+            assert t.response_token_ids == hf_greedy(model, t.prompt_token_ids, 16)
+    finally:
+        sync.close()
+        group.shutdown()
+        ray.get(inst.shutdown.remote())
+        ray.kill(inst)
