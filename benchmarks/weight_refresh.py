@@ -119,7 +119,9 @@ def inflight_units(ray: Any, instances: list, sampling: Any, first: int, seqs: i
     time.sleep(0.3)
 
 
-def bench_model(name: str, root: Path, repeats: int, num_instances: int) -> dict[str, Any]:
+def bench_model(
+    name: str, root: Path, repeats: int, num_instances: int, paths: tuple[str, ...] = ("new", "old")
+) -> dict[str, Any]:
     import ray
 
     from asp_npu.rollout.engine import EngineSettings, SamplingSettings
@@ -144,7 +146,7 @@ def bench_model(name: str, root: Path, repeats: int, num_instances: int) -> dict
     try:
         # the new path first: on a small machine the old one can run out of memory at 1 GiB x 2
         # instances (Ray then kills the instances), and that must not cost the new path's figures
-        for label, sync in (("new", new), ("old", old)):
+        for label, sync in [(p, {"new": new, "old": old}[p]) for p in paths]:
             try:
                 for situation in ("drained", "inflight"):
                     sync.set_drain(situation == "drained")
@@ -187,6 +189,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--json", default="", help="also write the raw figures here")
+    ap.add_argument("--paths", default="new,old", help="which paths to run, in this order")
     args = ap.parse_args()
     os.environ.update(
         {**loopback_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TOKENIZERS_PARALLELISM": "false"}
@@ -203,7 +206,9 @@ def main() -> None:
     results = []
     try:
         for name in args.models.split(","):
-            results.append(bench_model(name, root, args.repeats, args.instances))
+            results.append(
+                bench_model(name, root, args.repeats, args.instances, tuple(args.paths.split(",")))
+            )
             print(row(results[-1]), flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
