@@ -225,6 +225,16 @@ def collective_backend(kind: DeviceKind) -> str:
     return spec(kind).dist_backend
 
 
+def weight_transfer_backend(kind: DeviceKind, colocated: bool = False) -> str:
+    """vLLM weight-transfer engine for a weight_refresh (registered in vLLM's factory under this name).
+
+    CPU: `gloo` (ours, `asp_npu.rollout.weight_transfer`). NPU/CUDA: vLLM's built-in `nccl` (HCCL under
+    vllm-ascend) when trainer and rollout sit on different devices, `ipc` when they share them."""
+    if kind == "cpu":
+        return "gloo"
+    return "ipc" if colocated else "nccl"
+
+
 def cann_home() -> str | None:
     """The CANN toolkit this process sees (set by CANN's set_env.sh), or None when CANN is not sourced."""
     for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):

@@ -64,6 +64,9 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.8  # NPU/CUDA only; CPU uses VLLM_CPU_KVCACHE_SPACE
     seed: int = 0
+    # vLLM weight-transfer engine ("gloo", "nccl", "ipc"; "auto": `device.weight_transfer_backend` for this
+    # platform, disaggregated; "" builds none and leaves only the object-store refresh)
+    weight_transfer: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the engine's args
 
 
@@ -76,6 +79,8 @@ class RefreshReport:
     total_s: float  # serialise + transfer + load + prefix-cache reset
     drain_s: float  # waiting for in-flight sequences of the old version
     num_bytes: int
+    frozen_s: float = 0.0  # weight-transfer engine: running sequences stopped (drain: the whole refresh)
+    transfer_s: float = 0.0  # weight-transfer engine: the update_weights RPC (rest of receive + load)
 
 
 class RolloutEngine(Protocol):

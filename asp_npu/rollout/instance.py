@@ -347,6 +347,33 @@ class RolloutInstance:
         report = await self.engine.refresh_weights(weights, version, drain)
         return {"instance": self.instance_id, **asdict(report)}
 
+    # vLLM's weight-transfer protocol, driven by the trainer's rank 0 (see `weight_sync`)
+
+    async def transfer_world_size(self) -> int:
+        return self.engine.transfer_world_size
+
+    async def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
+        await self.engine.init_weight_transfer(init_info)
+
+    async def start_weight_update(self, drain: bool = True) -> float:
+        return await self.engine.start_weight_update(drain)
+
+    async def update_weights(self, update_info: Any) -> None:
+        """Receive one refresh; a broken transfer is one line naming this instance, and admission reopens."""
+        try:
+            await self.engine.update_weights(update_info)
+        except UserError:
+            raise
+        except Exception as exc:
+            await self.engine.abort_weight_update()
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            msg = f"rollout instance {self.instance_id}: weight transfer broke off: {first}"
+            raise UserError(msg) from None
+
+    async def finish_weight_update(self, version: int) -> dict[str, Any]:
+        report = await self.engine.finish_weight_update(version)
+        return {"instance": self.instance_id, **asdict(report)}
+
     async def pause(self) -> None:
         """Synchronous colocated baseline: stop generating (and free device memory where supported)."""
         await self.engine.pause()

@@ -20,8 +20,13 @@ def repack_cpu_moe_experts(worker: Any) -> int:
     runner = getattr(worker, "model_runner", None)
     if runner is None or not hasattr(runner, "get_model"):
         return 0
+    return repack_model_moe_experts(runner.get_model())
+
+
+def repack_model_moe_experts(model: Any) -> int:
+    """The same for a model object (the weight-transfer engine holds the model, not the worker)."""
     done = 0
-    for module in runner.get_model().modules():
+    for module in model.modules():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
         if experts is not None and type(experts).__module__ == _CPU_EXPERTS_MODULE:

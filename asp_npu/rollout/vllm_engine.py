@@ -142,6 +142,10 @@ class VLLMEngine:
                 settings.max_num_batched_tokens,
                 settings.max_model_len or _config_max_len(settings.model_path),
             )
+        platform = current_platform.device_type
+        self.weight_transfer = _weight_transfer_backend(settings.weight_transfer, platform)
+        if self.weight_transfer:
+            kwargs["weight_transfer_config"] = {"backend": self.weight_transfer}
         args = AsyncEngineArgs(**{**kwargs, **settings.extra})
         self.llm = AsyncLLM.from_engine_args(args)
         self.max_model_len: int = int(self.llm.model_config.max_model_len)
@@ -156,6 +160,7 @@ class VLLMEngine:
         self._idle.set()
         self._sleeping = False
         self._ids = itertools.count()
+        self._update: dict[str, Any] | None = None  # the weight update in progress (transfer engine)
         self._encoded: dict[str, list[int]] = {}
 
     # -- generation --------------------------------------------------------------------------
@@ -311,6 +316,91 @@ class VLLMEngine:
                 self._gate.set()
         return RefreshReport(int(version), float(load_s), time.perf_counter() - t0, drain_s, len(blob))
 
+    # -- weight refresh through vLLM's weight-transfer engine -----------------------------------
+    #
+    # The trainer side drives these four (vLLM's RL protocol): init once, then per refresh
+    # start -> update (concurrently with the trainer's send) -> finish. `drain=True` lets running
+    # sequences finish on the old weights first; `drain=False` lets them decode while the weights
+    # travel, freezes them with `pause_generation(mode="keep")` for the load alone, and they continue
+    # on the new weights after `resume_generation`.
+
+    @property
+    def transfer_world_size(self) -> int:
+        """Workers of this engine in a weight-transfer group (its TP x PP x DP ranks)."""
+        pc = self.llm.vllm_config.parallel_config
+        return int(pc.world_size * pc.data_parallel_size)
+
+    async def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if not self.weight_transfer:
+            raise UserError("weight transfer: this engine was built with weight_transfer='' (none)")
+        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
+
+    async def start_weight_update(self, drain: bool = True) -> float:
+        """Stop admitting and, with `drain`, wait for running sequences (returns the seconds waited).
+
+        Without drain, running sequences keep decoding while the weights travel (a transfer engine that
+        receives in the background, like `gloo`); they are frozen only in `update_weights`."""
+        if self._update is not None:
+            raise UserError("weight_refresh: an update is already in progress on this engine")
+        if not drain and self.settings.enable_prefix_caching:
+            raise UserError("weight_refresh without drain needs enable_prefix_caching=False")
+        t0 = time.perf_counter()
+        drain_s = await self._drain() if drain else 0.0
+        self._gate.clear()
+        self._update = {"t0": t0, "drain": drain, "drain_s": drain_s, "paused": False, "t_frozen": t0}
+        try:
+            await self.llm.start_weight_update()
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+        return drain_s
+
+    async def update_weights(self, update_info: Mapping[str, Any] | list[Mapping[str, Any]]) -> None:
+        """Receive and load. In keep mode: wait until the weights have arrived (sequences still
+        decoding), then `pause_generation(mode="keep")` freezes them for the load alone."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        update = self._update
+        if update is None:
+            raise UserError("weight_refresh: update_weights before start_weight_update")
+        info = [dict(u) for u in update_info] if isinstance(update_info, list) else dict(update_info)
+        if not update["drain"]:
+            while not all(await self.llm.collective_rpc("weight_transfer_received")):
+                await asyncio.sleep(0.005)
+            update["t_frozen"] = time.perf_counter()
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            update["paused"] = True
+        t0 = time.perf_counter()
+        await self.llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+        update["transfer_s"] = time.perf_counter() - t0
+
+    async def finish_weight_update(self, version: int) -> RefreshReport:
+        """Make the new weights live as `version` and reopen admission (resume frozen sequences)."""
+        update = self._update
+        if update is None:
+            raise UserError("weight_refresh: finish_weight_update before start_weight_update")
+        await self.llm.finish_weight_update(str(int(version)))
+        if update["drain"]:
+            await self.llm.reset_prefix_cache()
+        self.policy_version = int(version)
+        await self.abort_weight_update()  # resume + reopen: the same exit as a failed update
+        t_end = time.perf_counter()
+        (stats, *_) = await self.llm.collective_rpc("weight_transfer_stats")
+        return RefreshReport(
+            int(version), float(stats.get("load_s", 0.0)), t_end - update["t0"], update["drain_s"],
+            int(stats.get("bytes", 0)), t_end - update["t_frozen"], update.get("transfer_s", 0.0),
+        )
+
+    async def abort_weight_update(self) -> None:
+        """Leave the update state (after finish, or after a failed transfer): resume and reopen."""
+        update, self._update = self._update, None
+        if update is not None and update["paused"] and self.llm is not None:
+            await self.llm.resume_generation()
+        if not self._sleeping:
+            self._gate.set()
+
     async def pause(self) -> None:
         """Stop admitting, let running sequences finish, then free device memory where vLLM can.
 
@@ -342,6 +432,15 @@ class VLLMEngine:
         if llm is not None:
             llm.shutdown()
             del llm
+
+
+def _weight_transfer_backend(setting: str, device_type: str) -> str:
+    if setting != "auto":
+        return setting
+    from asp_npu.device import weight_transfer_backend
+
+    kind = device_type if device_type in ("cpu", "npu", "cuda") else "cuda"
+    return weight_transfer_backend(kind)  # type: ignore[arg-type]
 
 
 def _blob_shapes(blob: bytes) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,5 @@
-"""vLLM worker extension that loads new weights in place (the receiving end of a weight_refresh).
+"""vLLM worker extension: the object-store weight_refresh (the fallback that needs no process group)
+and small probes of the weight-transfer engine (`asp_npu.rollout.weight_transfer`).
 
 Why a worker extension: tensors sent through `collective_rpc` arrive as nested lists, and calling
 `model.load_weights` directly breaks on backends that repack linear weights (vLLM CPU does). So
@@ -7,13 +8,16 @@ it to vLLM's own `reload_weights(..., is_checkpoint_format=True)`, which handles
 q/k/v and gate/up fusion and any repacking. The caller must then reset the prefix cache, or KV
 blocks computed with the old weights are reused.
 
-This module is imported inside vLLM's worker process; it must stay import-light.
+This module is imported inside vLLM's worker process (where vLLM is already loaded).
 """
 
 from __future__ import annotations
 
 import time
 
+# registers the `gloo` weight-transfer engine with vLLM's factory: vLLM imports this module in every
+# worker before the worker builds its weight-transfer engine
+from asp_npu.rollout import weight_transfer  # noqa: F401
 from asp_npu.rollout.moe_repack import repack_cpu_moe_experts
 
 EXTENSION_CLS = "asp_npu.rollout.weight_receiver.WeightReceiver"
@@ -32,6 +36,16 @@ class WeightReceiver:
         repack_cpu_moe_experts(self)
         return time.perf_counter() - t0
 
+    def weight_transfer_stats(self) -> dict:
+        """What the last refresh through the weight-transfer engine cost here (gloo engine; else empty)."""
+        return dict(getattr(getattr(self, "weight_transfer_engine", None), "last", None) or {})
+
+    def weight_transfer_received(self) -> bool:
+        """Whether a refresh the transfer engine receives in the background has arrived (True if the
+        engine receives inside update_weights, as vLLM's nccl engine does)."""
+        received = getattr(getattr(self, "weight_transfer_engine", None), "received", None)
+        return True if received is None else bool(received())
+
     def cpu_affinity(self) -> list[int]:
         """Cores this worker's threads may run on (union over threads): checks per-instance pinning."""
         import os
@@ -43,45 +57,6 @@ class WeightReceiver:
             except OSError:
                 continue
         return sorted(cores)
-
-    # -- collective weight_refresh (asp_npu.rollout.weight_transport.CollectiveTransport) ---------
-
-    def join_weight_group(self, host: str, port: int, world_size: int, rank_offset: int, backend: str) -> int:
-        """Join the trainer's broadcast group as rank `rank_offset` + this worker's TP rank.
-
-        Must run while trainer rank 0 creates its end (the group forms when all ranks arrive)."""
-        from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
-
-        rank = rank_offset + int(getattr(self, "rank", 0))
-        device = str(getattr(self, "device", "cpu"))
-        spec = GroupSpec(host, port, world_size, backend)
-        self._asp_weight_group: CollectiveTransport | None = CollectiveTransport(spec, rank, device=device)
-        return rank
-
-    def receive_weights_collective(self) -> tuple[int, float, float, int]:
-        """Block for the next broadcast refresh and load it in place.
-
-        Returns (version, seconds receiving, seconds loading, bytes). The caller resets the prefix cache."""
-        group = getattr(self, "_asp_weight_group", None)
-        if group is None:
-            raise RuntimeError("receive_weights_collective: call join_weight_group first")
-        host: dict = {}
-        # Buckets go to host memory as they arrive (device memory holds one bucket, not a second model),
-        # then ONE reload: vLLM's layerwise reload zero-fills a fused layer (qkv, gate_up) that a call
-        # only partly covers, so per-bucket reloads would corrupt layers split across buckets.
-        version, _ = group.receive(on_bucket=lambda b: host.update({k: v.cpu() for k, v in b.items()}))
-        recv_s = group.history[-1].seconds
-        t0 = time.perf_counter()
-        reload = self.reload_weights  # type: ignore[attr-defined]
-        reload(weights_iterator=list(with_tied_head(self, host).items()), is_checkpoint_format=True)
-        repack_cpu_moe_experts(self)
-        return version, recv_s, time.perf_counter() - t0, group.history[-1].nbytes
-
-    def leave_weight_group(self) -> None:
-        group = getattr(self, "_asp_weight_group", None)
-        if group is not None:
-            group.close()
-            self._asp_weight_group = None
 
 
 def with_tied_head(worker: object, weights: dict) -> dict:

@@ -109,6 +109,10 @@ class TrainerGroup:
         """Per rank: device bytes of weights, grads and optimizer state (`trainer.memory`)."""
         return self._all("allocated_bytes")
 
+    def push_weights_to_rollout(self, link: Any, send: bool = True) -> dict[str, Any]:
+        """Trainer rank 0 pushes its weights through vLLM's weight-transfer engine (`rollout.weight_sync`)."""
+        return self._all("push_weights_to_rollout", link, send)[0]
+
     def save(self, directory: str) -> None:
         self._all("save", str(directory))
 

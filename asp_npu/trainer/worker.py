@@ -595,6 +595,25 @@ class TrainerWorker:
         with self._resident(weights_only=True):
             return self._get_hf_weights()
 
+    def push_weights_to_rollout(self, link: Any, send: bool = True) -> Any:
+        """weight_refresh through vLLM's weight-transfer engine (`asp_npu.rollout.weight_sync`): every
+        rank joins the HF gather, pipeline stages meet on rank 0, rank 0 connects (first call) and sends."""
+        from torch import distributed as dist
+
+        from asp_npu.rollout.weight_sync import push_from_trainer
+
+        hf = self.get_hf_weights() if send else None
+        if send and self._ps().get_pipeline_model_parallel_world_size() > 1:
+            parts: list[Any] = [None] * dist.get_world_size() if self.rank == 0 else []
+            dist.gather_object(hf, parts if self.rank == 0 else None, dst=0)
+            hf = parts[0] if self.rank == 0 else None
+            for p in parts[1:]:
+                if p is not None and hf is not None:
+                    hf.tensors.update(p.tensors)
+        if self.rank != 0:
+            return None
+        return push_from_trainer(link, hf.tensors.items() if hf is not None else None, self.version)
+
     def save(self, directory: str) -> None:
         from asp_npu.trainer.checkpoint import save_checkpoint
 
