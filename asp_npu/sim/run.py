@@ -14,6 +14,7 @@ from asp_npu.data.traces import SynthParams, read_trace, synth_trace
 from asp_npu.errors import UserError
 from asp_npu.observe.bubbles import account
 from asp_npu.sim.engine import RunResult, RunSpec, Simulation, UnitSource
+from asp_npu.sim.limit import limit
 from asp_npu.sim.modes import (
     MODES,
     SPECS,
@@ -89,7 +90,11 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
     res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
     elapsed = time.perf_counter() - t0
-    return ModeRun(mode, layout, res, metrics(res, workload), elapsed)
+    out = metrics(res, workload)
+    bound = limit(preset, workload, spec.colocated, spec.barrier)
+    out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
+    out["limit"] = bound.as_dict()
+    return ModeRun(mode, layout, res, out, elapsed)
 
 
 def work_source(preset: Preset, workload: Workload, mode: str, spec: RunSpec, layout: Layout
