@@ -64,6 +64,29 @@ def ratio_table(rat: dict[str, dict[str, dict[str, float]]], runs: dict[str, Mod
     return "\n".join(lines)
 
 
+def partial_table(runs: dict[str, ModeRun], modes: list[str]) -> str:
+    """Partial rollout on vs off per mode: iteration time, throughput and the token-lag histogram."""
+    lines = [
+        "| mode | partial rollout | iter mean s | change | tokens/s | lag max (newest) | "
+        "token lag mean/max | tokens by lag |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in modes:
+        base = runs[m].metrics["iteration_time_mean_s"]
+        for name, on in ((m, "off"), (f"{m}+partial", "on")):
+            x = runs[name].metrics
+            tl = x["token_lag"]
+            total = sum(tl["hist"].values()) or 1
+            shares = ", ".join(f"{k}: {100 * v / total:.1f}%" for k, v in tl["hist"].items())
+            lines.append(
+                f"| {m} | {on} | {x['iteration_time_mean_s']:.1f} | "
+                f"{100 * (x['iteration_time_mean_s'] / base - 1):+.1f}% | "
+                f"{x['throughput_tokens_per_s']:.0f} | "
+                f"{x['lag_max']} | {tl['mean']:.2f}/{tl['max']} | {shares} |"
+            )
+    return "\n".join(lines)
+
+
 def sweep_table(sweep: dict[int, dict[str, float]], modes: list[str]) -> str:
     lines = ["| instances | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for k, row in sweep.items():

@@ -126,6 +126,8 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
     b = account(res.log, 0.0, wall)
     q = res.queue.summary()
     lags = np.asarray(res.lags) if res.lags else np.zeros(1)
+    hist = res.token_lag_hist
+    n_tok = sum(hist.values())
     return {
         "throughput_tokens_per_s": res.tokens_consumed / wall if wall > 0 else 0.0,
         "samples_per_s": res.samples_consumed / wall if wall > 0 else 0.0,
@@ -148,6 +150,11 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
         "accounting_coverage": b.coverage,
         "lag_mean": float(lags.mean()),
         "lag_max": int(lags.max()),
+        "token_lag": {  # every consumed token's lag (trainer step - weights version that generated it)
+            "hist": {str(k): v for k, v in hist.items()},
+            "mean": sum(k * v for k, v in hist.items()) / n_tok if n_tok else 0.0,
+            "max": max(hist, default=0),
+        },
         "queue": {k: q[k] for k in ("queued_mean", "queued_max", "in_flight_mean", "in_flight_max")},
         "layout": {
             "devices": res.spec.devices,
@@ -156,6 +163,7 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
             "trainer_devices": res.spec.trainer_devices,
             "colocated": res.spec.colocated,
             "max_lag": res.spec.max_lag,
+            **({"max_token_lag": res.spec.max_token_lag} if res.spec.partial_rollout else {}),
             "minibatch_samples": res.spec.minibatch_groups * workload.group_size,
         },
     }
