@@ -24,7 +24,7 @@ import numpy as np
 
 from asp_npu.core.feed import Feed, make_feed
 from asp_npu.core.records import Unit
-from asp_npu.core.train_queue import TrainQueue
+from asp_npu.core.train_queue import QueuedGroup, TrainQueue
 from asp_npu.observe.events import EventLog
 from asp_npu.sim.cost import SimCost, decode_seconds, steps_to_reach, train_seconds
 from asp_npu.sim.workload import Workload
@@ -363,9 +363,15 @@ class Simulation:
                     self.queue.restamp(g, version, started=started, now=inst.t)
         inst.version = version
 
-    def _count_token_lags(self, step: int, groups: list[int]) -> None:
+    def _count_token_lags(self, step: int, groups: list[QueuedGroup]) -> None:
+        """Every token of the handout by its lag; a group's stamp must be its first token's version."""
         hist = self.token_lag_hist
-        for g in groups:
+        for qg in groups:
+            g = qg.group_id
+            first = min(self.segments[s][0][0] for s in range(g * self.n, (g + 1) * self.n))
+            stamp = qg.version if qg.oldest_version is None else qg.oldest_version
+            if first != stamp:
+                raise AssertionError(f"group {g}: stamped with version {stamp}, first token at {first}")
             for s in range(g * self.n, (g + 1) * self.n):
                 segs = self.segments.pop(s)
                 for k, (v, lo) in enumerate(segs):
@@ -384,7 +390,7 @@ class Simulation:
             return
         self.log.queue(t, self.queue.n_queued, self.queue.n_in_flight)
         groups = [g.group_id for g in h.groups]
-        self._count_token_lags(h.step, groups)
+        self._count_token_lags(h.step, h.groups)
         if (
             self.spec.trainer_padded
         ):  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
