@@ -9,7 +9,8 @@ setting; the synchronous and colocated baselines have no partial rollout and cou
 and the efficiency (iteration time over the limit, `asp_npu.sim.limit`) of ASP.
 
     .venv/bin/python benchmarks/sim_sensitivity.py [--costs 8.1e-4,3.4e-3] [--lags 1,2,3,4]
-                                                   [--max-token-lag N] [--iterations 50] [--json F]
+                                                   [--max-token-lag N] [--iterations 50]
+                                                   [--split rule|search] [--json F]
 
 Deterministic (virtual clock); prints one Markdown table.
 """
@@ -26,9 +27,13 @@ from asp_npu.sim.preset import load_preset
 from asp_npu.sim.run import build_workload, simulate
 
 
-def point(cost: float, lag: int, token_lag: int | None, iterations: int | None) -> dict[str, dict]:
+def point(
+    cost: float, lag: int, token_lag: int | None, iterations: int | None, split: str | None
+) -> dict[str, dict]:
     """Every mode (and `<mode>+partial` where it applies) at one (trainer cost, max_lag) point."""
     over: dict = {"cost.train_s_per_token": cost, "max_lag": lag}
+    if split:
+        over["cluster.split"] = split
     if token_lag is not None:
         over["max_token_lag"] = token_lag
     preset = load_preset("paper", iterations=iterations, overrides=over)
@@ -48,6 +53,7 @@ def main() -> None:
     ap.add_argument("--lags", default="1,2,3,4")
     ap.add_argument("--max-token-lag", type=int, default=None, help="default: 2 x max_lag")
     ap.add_argument("--iterations", type=int, default=None, help="default: the preset's 50")
+    ap.add_argument("--split", choices=("rule", "search"), help="device split (default: the preset's search)")
     ap.add_argument("--json", help="write every point's metrics")
     args = ap.parse_args()
     costs = [float(x) for x in args.costs.split(",")]
@@ -56,7 +62,8 @@ def main() -> None:
     rows, doc = [], {}
     for c in costs:
         for lag in lags:
-            r = point(c, lag, args.max_token_lag, args.iterations)
+            r = point(c, lag, args.max_token_lag, args.iterations, args.split)
+            print(f"point {c:g}/{lag} done at {time.perf_counter() - t0:.0f} s", flush=True)
             doc[f"{c:g}/{lag}"] = r
             it = {m: x["iteration_time_mean_s"] for m, x in r.items()}
             base_off = {m: it[m] for m in MODES if m != "asp"}
