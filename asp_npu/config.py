@@ -152,7 +152,7 @@ class RLConfig:
     plan_cost_b: float = 0.00035  # planner cost model: seconds per running sequence per step
     # --- partial rollout (issue 17; see partial_rollout_problems) ---
     partial_rollout: bool = False  # lag counted from a group's newest weights (simulator today)
-    max_token_lag: int | None = None  # bound on every token's lag under partial rollout (None: 2 x max_lag)
+    max_token_lag: int | None = None  # bound on every token's lag under partial rollout (None: 4 x max_lag)
 
 
 @dataclass

@@ -51,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--costs", default="8.1e-4,3.4e-3", help="trainer device-s per token")
     ap.add_argument("--lags", default="1,2,3,4")
-    ap.add_argument("--max-token-lag", type=int, default=None, help="default: 2 x max_lag")
+    ap.add_argument("--max-token-lag", type=int, default=None, help="default: 4 x max_lag")
     ap.add_argument("--iterations", type=int, default=None, help="default: the preset's 50")
     ap.add_argument("--split", choices=("rule", "search"), help="device split (default: the preset's search)")
     ap.add_argument("--json", help="write every point's metrics")

@@ -55,7 +55,7 @@ class RLSpec:
     executor: str = "stream"
     plan_window: int = 1  # iterations ASP plans together (one offline pass per window)
     # partial rollout (docs/simulator.md): in-flight groups count their lag from the newest weights;
-    # every token's lag stays within max_token_lag (None: 2 x the mode's max_lag)
+    # every token's lag stays within max_token_lag (None: 4 x the mode's max_lag)
     partial_rollout: bool = False
     max_token_lag: int | None = None
 

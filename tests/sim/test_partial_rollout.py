@@ -79,7 +79,7 @@ def test_cli_partial_rollout_side_by_side(tmp_path, capsys) -> None:
     assert "| asp+partial |" in text and "token lag mean/max" in text
     doc = json.loads(out.read_text())
     assert list(doc["modes"]) == ["asp", "asp+partial", "mindspeed-sync"]
-    assert doc["modes"]["asp+partial"]["layout"]["max_token_lag"] == 4  # 2 x max_lag by default
+    assert doc["modes"]["asp+partial"]["layout"]["max_token_lag"] == 8  # 4 x max_lag by default
     assert "efficiency" in doc["modes"]["asp"] and doc["modes"]["asp"]["efficiency"] >= 1.0
 
 
