@@ -14,6 +14,8 @@ Every term is a time no schedule on these devices can beat, under the preset's o
   barrier (iteration `i + 1` starts generating when iteration `i` is generated: synchronous modes,
   one-step-off) the iterations' longest samples add up.
 
+`hardware_s` drops what is the mode's own structure (the split, the barrier): `max((W_t + W_r) / D,
+the longest sample)`, the same for every mode -- how far a mode is from what the devices allow.
 The bound is over the whole run; the mean iteration time's bound is it divided by the iterations
 (the simulator's mean iteration time is the wall time over the iterations, the first included).
 """
@@ -38,6 +40,7 @@ class Limit:
     work_s: float  # the devices' bound from W_t and W_r (colocated: sum; disaggregated: best split)
     longest_s: float  # the longest sample(s) at batch 1 (summed per iteration under a barrier)
     iterations: int
+    hardware_s: float = 0.0  # any mode on these devices: max((W_t + W_r) / D, the longest sample)
 
     @property
     def run_s(self) -> float:
@@ -47,9 +50,14 @@ class Limit:
     def iteration_s(self) -> float:
         return self.run_s / max(1, self.iterations)
 
+    @property
+    def hardware_iteration_s(self) -> float:
+        return self.hardware_s / max(1, self.iterations)
+
     def as_dict(self) -> dict[str, float]:
         return {
             "iteration_s": self.iteration_s,
+            "hardware_iteration_s": self.hardware_iteration_s,
             "work_s": self.work_s,
             "longest_sample_s": self.longest_s,
             "train_device_s": self.train_device_s,
@@ -92,4 +100,5 @@ def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) ->
         longest = float(per_iter.sum())
     else:
         longest = float(longest_per_group.max())
-    return Limit(w_t, w_r, work, longest, workload.num_iterations)
+    hardware = max((w_t + w_r) / cl.devices, float(longest_per_group.max()))
+    return Limit(w_t, w_r, work, longest, workload.num_iterations, hardware)

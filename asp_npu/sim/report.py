@@ -10,7 +10,7 @@ from asp_npu.sim.run import ModeRun
 def table(runs: dict[str, ModeRun]) -> str:
     head = (
         "| mode | layout | tokens/s | samples/s | iter mean s | p50 | p95 | util | padding | skewness | "
-        "sorting | overhead | trainer idle | rollouter idle | lag mean/max | limit s | x limit |"
+        "sorting | overhead | trainer idle | rollouter idle | lag mean/max | limit s | x limit | x hardware |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in runs.items():
@@ -27,7 +27,8 @@ def table(runs: dict[str, ModeRun]) -> str:
             f"{x['iteration_time_p95_s']:.1f} | "
             f"{x['utilization']:.3f} | {b['padding']:.3f} | {b['skewness']:.3f} | {b['sorting']:.3f} | "
             f"{b['overhead']:.3f} | {x['trainer_idle_ratio']:.3f} | {x['rollouter_idle_ratio']:.3f} | "
-            f"{x['lag_mean']:.2f}/{x['lag_max']} | {x['limit']['iteration_s']:.1f} | {x['efficiency']:.2f} |"
+            f"{x['lag_mean']:.2f}/{x['lag_max']} | {x['limit']['iteration_s']:.1f} | {x['efficiency']:.2f} | "
+            f"{x['efficiency_hardware']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -93,6 +93,7 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     out = metrics(res, workload)
     bound = limit(preset, workload, spec.colocated, spec.barrier)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
+    out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
     out["limit"] = bound.as_dict()
     return ModeRun(mode, layout, res, out, elapsed)
 
