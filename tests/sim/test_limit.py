@@ -31,8 +31,7 @@ def test_every_mode_is_at_or_above_its_limit(lengths, prompt, decode_c, max_lag)
     w = from_arrays(np.array(lengths).reshape(16, 4), prompt_len=prompt, prompts_per_iteration=8)
     for m, r in run_modes(p, w, MODES).items():
         assert r.metrics["efficiency"] >= 1.0 - 1e-9, (m, r.metrics["limit"])
-        assert r.metrics["efficiency_hardware"] <= r.metrics["efficiency"] + 1e-9, m
-        assert r.metrics["efficiency_hardware"] >= 1.0 - 1e-9, m
+        assert r.metrics["efficiency_hardware"] >= r.metrics["efficiency"] - 1e-9, m  # a lower bound
 
 
 def test_limit_is_tight_on_a_balanced_split() -> None:
