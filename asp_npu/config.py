@@ -157,6 +157,9 @@ class RLConfig:
     global_batch_size: int = 0  # prompts per iteration (MindSpeed-RL megatron_training); 0 = one minibatch
     plan_cost_a: float = 0.0535  # planner cost model: seconds per decode step (see asp_npu.schedule.cost)
     plan_cost_b: float = 0.00035  # planner cost model: seconds per running sequence per step
+    # --- partial rollout (issue 17; see partial_rollout_problems) ---
+    partial_rollout: bool = False  # lag counted from a group's newest weights (simulator today)
+    max_token_lag: int | None = None  # bound on every token's lag under partial rollout (None: 4 x max_lag)
 
 
 @dataclass
@@ -200,6 +203,32 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
+# ------------------------------------------------------------------ partial rollout (rl_config keys)
+def partial_rollout_problems(rl: RLConfig) -> list[str]:
+    """`max_token_lag` >= `max_lag`; partial rollout only in an asynchronous disaggregated mode, and
+    only in the simulator for now (`asp-npu bench sim --partial-rollout`): the real pipeline refuses it
+    rather than ignore it."""
+    from asp_npu.core.modes import TABLE
+
+    out = []
+    tl = rl.max_token_lag
+    if tl is not None and (isinstance(tl, bool) or not isinstance(tl, int)):
+        out.append(f"rl_config.max_token_lag: must be an integer (got {tl!r})")
+    elif tl is not None and tl < rl.max_lag:
+        out.append(f"rl_config.max_token_lag: must be >= rl_config.max_lag={rl.max_lag} (got {tl})")
+    if not isinstance(rl.partial_rollout, bool):
+        out.append(f"rl_config.partial_rollout: must be true|false (got {rl.partial_rollout!r})")
+    elif rl.partial_rollout:
+        mode = TABLE.get(rl.mode)
+        if mode is not None and (mode.colocated or mode.fixed_lag == 0 or rl.max_lag == 0):
+            out.append(f"rl_config.partial_rollout: mode '{rl.mode}' is synchronous or colocated; "
+                       "partial rollout needs an asynchronous disaggregated mode")
+        else:
+            out.append("rl_config.partial_rollout: not in the real pipeline yet; "
+                       "simulate it with `asp-npu bench sim --partial-rollout`")
+    return out
+
+
 def validate(cfg: Config) -> list[str]:
     """Return every problem found (empty list = valid). Hardware-independent checks only."""
     problems: list[str] = []
@@ -219,6 +248,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
     if rl.weight_refresh_interval < 1:
         problems.append(f"rl_config.weight_refresh_interval: must be >= 1 (got {rl.weight_refresh_interval})")
+    problems += partial_rollout_problems(rl)
     if gen.num_instances < 1:
         problems.append(f"generate_config.num_instances: must be >= 1 (got {gen.num_instances})")
     for name in ("max_num_seqs", "max_num_batched_tokens", "infer_tensor_parallel_size"):

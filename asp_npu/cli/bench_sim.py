@@ -1,22 +1,24 @@
 """`asp-npu bench sim`: every mode on one preset, side by side, with ratios against each baseline.
 
 asp-npu bench sim --preset paper [--trace FILE] [--iterations N] [--modes asp,async-fifo]
-                  [--instances 1,2,4,8,16] [--json out.json] [--plot out.png] [--timeline out.json]
+                  [--partial-rollout] [--instances 1,2,4,8,16] [--json out.json] [--plot out.png]
+                  [--timeline out.json]
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from asp_npu.cli import command_parser
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write_json, check_writable
 from asp_npu.observe.timeline import write_timeline
-from asp_npu.sim.modes import MODES
+from asp_npu.sim.modes import MODES, partial_allowed
 from asp_npu.sim.preset import load_preset
-from asp_npu.sim.report import plot, ratio_table, ratios, sweep_table, table
-from asp_npu.sim.run import build_workload, run_modes
+from asp_npu.sim.report import partial_table, plot, ratio_table, ratios, sweep_table, table
+from asp_npu.sim.run import build_workload, run_modes, simulate
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -59,6 +61,12 @@ def main(argv: list[str]) -> int:
         help="override a preset value, e.g. cost.train_s_per_token=8.1e-4 (repeatable)",
     )
     ap.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)}")
+    ap.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="run each selected asynchronous disaggregated mode with partial rollout off and on "
+        "(the runs with it on are named <mode>+partial)",
+    )
     ap.add_argument("--instances", help="scaling sweep: comma-separated instance counts, e.g. 1,2,4,8,16")
     ap.add_argument("--json", help="write all metrics as JSON")
     ap.add_argument("--plot", help="write a PNG (bubbles per mode; scaling sweep if --instances)")
@@ -71,7 +79,11 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--iterations must be >= 1 (got {args.iterations})")
     modes = _modes(args.modes)
     counts = _int_list(args.instances, "--instances") if args.instances else []
-    if args.timeline and args.timeline_mode not in modes:
+    partial = [m for m in modes if partial_allowed(m)] if args.partial_rollout else []
+    if args.partial_rollout and not partial:
+        raise UserError("--partial-rollout: none of the selected modes is asynchronous and disaggregated")
+    names = modes + [f"{m}+partial" for m in partial]
+    if args.timeline and args.timeline_mode not in names:
         raise UserError(f"--timeline-mode '{args.timeline_mode}' is not among the simulated modes")
     for path in (args.json, args.plot, args.timeline):
         if path:
@@ -98,7 +110,16 @@ def main(argv: list[str]) -> int:
     )
     workload = build_workload(preset)
     t0 = time.perf_counter()
-    runs = run_modes(preset, workload, modes)
+    if args.partial_rollout:
+        off = replace(preset, rl=replace(preset.rl, partial_rollout=False))
+        on = replace(preset, rl=replace(preset.rl, partial_rollout=True))
+        runs = {}
+        for m in modes:  # side by side: each mode off, then on
+            runs[m] = simulate(off, workload, m)
+            if m in partial:
+                runs[f"{m}+partial"] = simulate(on, workload, m)
+    else:
+        runs = run_modes(preset, workload, modes)
     rat = ratios(runs)
     print(
         f"## asp-npu bench sim --preset {preset.name}: {workload.num_iterations} iterations x "
@@ -111,6 +132,9 @@ def main(argv: list[str]) -> int:
     print(table(runs))
     print()
     print(ratio_table(rat, runs))
+    if partial:
+        print()
+        print(partial_table(runs, partial))
     sweep: dict[int, dict[str, float]] = {}
     if counts:
         for k in counts:

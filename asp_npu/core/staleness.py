@@ -97,3 +97,45 @@ def handout_need(
 def handout_feasible(chosen_deadlines: list[int], need: list[tuple[int, int]]) -> bool:
     """Whether a handout whose groups have these deadline steps satisfies every `(d, k)` of `handout_need`."""
     return all(sum(1 for x in chosen_deadlines if x <= d) >= k for d, k in need)
+
+
+# ------------------------------------------------------------------------------------ partial rollout
+# With partial rollout a sequence keeps decoding across weight refreshes, so its tokens carry several
+# behaviour versions. A group's *newest* version is the weights its sequences decode with now (after
+# every refresh they see); its *oldest* is the version of its first token. Admission and handout
+# count the lag from the newest version (`max_lag`), and the oldest token is held to the looser
+# `max_token_lag`, so no token's staleness is unbounded. Without partial rollout both are the version
+# the group started with (AReaL's oldest-token rule). A group admitted under version `v` that has not
+# generated a token when weights refresh is stamped with the version it starts under (`restamp` with
+# oldest = newest): it has no older token.
+
+
+def group_deadline(oldest: int, newest: int, max_lag: int, max_token_lag: int | None = None) -> int:
+    """The last trainer step that may consume a group whose tokens span weights `oldest`..`newest`."""
+    d = newest + max_lag
+    return d if max_token_lag is None else min(d, oldest + max_token_lag)
+
+
+def restamp_deadline(
+    oldest: int, newest: int, version: int, started: bool, max_lag: int, max_token_lag: int | None
+) -> tuple[int, int, int]:
+    """(oldest, newest, deadline) after weights `version` reach a group in flight.
+
+    Not started: the group has no token yet, so both versions become `version`. Started: only
+    partial rollout (`max_token_lag` set) moves the newest version; without it nothing changes.
+    The deadline never moves earlier, so a ledger that held before still holds.
+    """
+    if version < newest:
+        raise ValueError(f"weights version {version} is older than the group's newest {newest}")
+    if not started:
+        oldest = newest = version
+    elif max_token_lag is not None:
+        newest = version
+    return oldest, newest, group_deadline(oldest, newest, max_lag, max_token_lag)
+
+
+def token_lags_ok(step: int, oldest: int, newest: int, max_lag: int, max_token_lag: int | None) -> bool:
+    """Step `step` may consume a group: its newest tokens within `max_lag`, its oldest within
+    `max_token_lag` (both `max_lag` without partial rollout)."""
+    bound = max_lag if max_token_lag is None else max_token_lag
+    return lag_ok(step, newest, max_lag) and 0 <= step - oldest <= bound

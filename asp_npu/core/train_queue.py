@@ -19,7 +19,14 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asp_npu.core.staleness import deadline_step, handout_feasible, handout_need, lag_ok, ledger_capacity
+from asp_npu.core.staleness import (
+    group_deadline,
+    handout_feasible,
+    handout_need,
+    ledger_capacity,
+    restamp_deadline,
+    token_lags_ok,
+)
 
 ORDERS = ("fifo", "shortest")
 
@@ -35,6 +42,7 @@ class QueuedGroup:
     t_admit: float
     t_put: float
     payload: Any = None
+    oldest_version: int | None = None  # partial rollout: weights of its first token (None: = version)
 
 
 @dataclass
@@ -80,6 +88,7 @@ class TrainQueue:
         max_concurrent_groups: int | None = None,
         order: str = "fifo",
         clock: Callable[[], float] | None = None,
+        max_token_lag: int | None = None,
     ) -> None:
         if minibatch_groups < 1 or version_groups < 1:
             raise ValueError("minibatch_groups and version_groups must be >= 1")
@@ -93,6 +102,9 @@ class TrainQueue:
             raise ValueError("max_lag must be >= 0")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}")
+        if max_token_lag is not None and max_token_lag < max_lag:
+            raise ValueError(f"max_token_lag ({max_token_lag}) must be >= max_lag ({max_lag})")
+        self.max_token_lag = max_token_lag  # None: oldest-token rule; set: partial rollout
         self.minibatch_groups = minibatch_groups
         self.version_groups = version_groups
         self.max_lag = max_lag
@@ -102,6 +114,7 @@ class TrainQueue:
         self.consumed = 0  # groups handed out so far
         self._outstanding: dict[int, int] = {}  # deadline step -> admitted, not consumed
         self._in_flight: dict[Hashable, tuple[int, float]] = {}  # group -> (version, t_admit)
+        self._oldest: dict[Hashable, int] = {}  # in-flight group -> oldest token's version (if older)
         self._queued: dict[int, list[tuple[Any, int, QueuedGroup]]] = {}  # deadline -> heap
         self._n_queued = 0
         self._seq = 0
@@ -148,15 +161,44 @@ class TrainQueue:
             raise ValueError(f"group {group_id!r} is already in flight")
         if self.capacity(version) < 1:
             raise RuntimeError(f"admission of group {group_id!r} at version {version} exceeds capacity")
-        d = deadline_step(version, self.max_lag)
+        d = group_deadline(version, version, self.max_lag, self.max_token_lag)
         self._outstanding[d] = self._outstanding.get(d, 0) + 1
         self._in_flight[group_id] = (version, now)
         self._record(now)
 
+    def _deadline(self, group_id: Hashable) -> int:
+        version, _ = self._in_flight[group_id]
+        oldest = self._oldest.get(group_id, version)
+        return group_deadline(oldest, version, self.max_lag, self.max_token_lag)
+
+    def restamp(
+        self, group_id: Hashable, version: int, started: bool = True, now: float | None = None
+    ) -> None:
+        """Weights `version` reached in-flight `group_id` (`asp_npu.core.staleness.restamp_deadline`):
+        a group with no token yet is stamped with it; under partial rollout a started one counts its
+        newest tokens from it. Its deadline only moves later, so the ledger's guarantee still holds."""
+        old_version, t_admit = self._in_flight[group_id]
+        d_old = self._deadline(group_id)
+        oldest, newest, d_new = restamp_deadline(
+            self._oldest.get(group_id, old_version), old_version, version, started, self.max_lag,
+            self.max_token_lag,
+        )
+        self._in_flight[group_id] = (newest, t_admit)
+        if oldest < newest:
+            self._oldest[group_id] = oldest
+        else:
+            self._oldest.pop(group_id, None)
+        if d_new != d_old:
+            self._drop_outstanding(d_old)
+            self._outstanding[d_new] = self._outstanding.get(d_new, 0) + 1
+        self._record(self._now(now))
+
     def cancel(self, group_id: Hashable, now: float | None = None) -> None:
         """An admitted group will not finish (its instance died): free its place in the ledger."""
-        version, _ = self._in_flight.pop(group_id)
-        self._drop_outstanding(deadline_step(version, self.max_lag))
+        d = self._deadline(group_id)
+        self._in_flight.pop(group_id)
+        self._oldest.pop(group_id, None)
+        self._drop_outstanding(d)
         self._record(self._now(now))
 
     def _drop_outstanding(self, d: int) -> None:
@@ -172,9 +214,10 @@ class TrainQueue:
         now = self._now(now)
         if group_id not in self._in_flight:
             raise KeyError(f"group {group_id!r} was not admitted (or was already put)")
+        d = self._deadline(group_id)
         version, t_admit = self._in_flight.pop(group_id)
-        g = QueuedGroup(group_id, version, samples, tokens, t_admit, now, payload)
-        d = deadline_step(version, self.max_lag)
+        oldest = self._oldest.pop(group_id, None)
+        g = QueuedGroup(group_id, version, samples, tokens, t_admit, now, payload, oldest)
         key = self._seq if self.order == "fifo" else (tokens, self._seq)
         heapq.heappush(self._queued.setdefault(d, []), (key, self._seq, g))
         self._seq += 1
@@ -227,9 +270,11 @@ class TrainQueue:
                 del self._queued[d]
             self._drop_outstanding(d)
             g = item[2]
-            if not lag_ok(step, g.version, self.max_lag):  # the ledger makes this impossible
-                raise AssertionError(
-                    f"group {g.group_id!r}: version {g.version} at step {step} breaks max_lag"
+            oldest = g.version if g.oldest_version is None else g.oldest_version
+            if not token_lags_ok(step, oldest, g.version, self.max_lag, self.max_token_lag):
+                raise AssertionError(  # the ledger makes this impossible
+                    f"group {g.group_id!r}: versions {oldest}..{g.version} at step {step} "
+                    "break the lag bounds"
                 )
             groups.append(g)
             self.stats.lags.append(step - g.version)

@@ -24,7 +24,7 @@ import numpy as np
 
 from asp_npu.core.feed import Feed, make_feed
 from asp_npu.core.records import Unit
-from asp_npu.core.train_queue import TrainQueue
+from asp_npu.core.train_queue import QueuedGroup, TrainQueue
 from asp_npu.observe.events import EventLog
 from asp_npu.sim.cost import SimCost, decode_seconds, steps_to_reach, train_seconds
 from asp_npu.sim.workload import Workload
@@ -56,6 +56,8 @@ class RunSpec:
     trainer_padded: bool = False
     order: str = "fifo"  # TrainQueue handout order within a deadline
     devices: int = 0  # physical devices of the job (for the accounting check)
+    partial_rollout: bool = False  # lag counted from a group's newest weights; tokens within max_token_lag
+    max_token_lag: int | None = None  # partial rollout: bound on the oldest token's lag
 
 
 class WorkPool:
@@ -111,6 +113,7 @@ class _Instance:
     state: str = ""
     logged: tuple = ()
     unit_left: int = 0  # unit mode: samples of the running unit not finished
+    groups: set = field(default_factory=set)  # groups admitted here and not finished
 
 
 @dataclass
@@ -124,6 +127,7 @@ class RunResult:
     tokens_consumed: int
     wall_s: float
     lags: list[int]
+    token_lag_hist: dict[int, int] = field(default_factory=dict)  # lag at consumption -> tokens
 
 
 class Simulation:
@@ -150,7 +154,13 @@ class Simulation:
         self.group_iter = workload.iteration.tolist()
         self.iter_left = np.bincount(workload.iteration, minlength=workload.num_iterations).tolist()
         self.n_iter = workload.num_iterations
-        self.queue = TrainQueue(spec.minibatch_groups, spec.version_groups, spec.max_lag, order=spec.order)
+        self.queue = TrainQueue(
+            spec.minibatch_groups, spec.version_groups, spec.max_lag, order=spec.order,
+            max_token_lag=spec.max_token_lag if spec.partial_rollout else None,
+        )
+        self.group_started = [0] * workload.num_groups  # samples of each group that got a slot
+        self.segments: dict[int, list[tuple[int, int]]] = {}  # sample -> [(weights version, from token)]
+        self.token_lag_hist: dict[int, int] = {}
         self.log = EventLog(
             devices=spec.devices, trainer_devices=spec.trainer_devices, colocated=spec.colocated
         )
@@ -221,6 +231,7 @@ class Simulation:
         g = s // self.n
         self.group_left[g] -= 1
         if self.group_left[g] == 0:
+            inst.groups.discard(g)
             self.queue.put(g, samples=self.n, tokens=self.group_tokens[g], now=inst.t)
             self.log.queue(inst.t, self.queue.n_queued, self.queue.n_in_flight)
             it = self.group_iter[g]
@@ -239,6 +250,7 @@ class Simulation:
         self.unit_info[uid] = [inst.idx, f"it{it}", inst.t, len(samples), len(samples)]
         for g in groups:
             self.queue.admit(g, inst.version, now=inst.t)
+            inst.groups.add(g)
         for s in samples:
             self.sample_unit[s] = uid
         inst.waiting.extend(samples)
@@ -257,6 +269,8 @@ class Simulation:
             while inst.n < inst.slots and inst.waiting:
                 s = inst.waiting.popleft()
                 heapq.heappush(inst.heap, (inst.step + self.resp[s], s))
+                self.group_started[s // self.n] += 1
+                self.segments[s] = [(inst.version, 0)]
                 inst.n += 1
                 inst.kv += self.prompt[s]
                 prefill += self.prompt[s]
@@ -336,6 +350,35 @@ class Simulation:
         inst.tag += 1
         self._push(inst.t, _REFRESH_DONE, inst.idx, inst.tag)
 
+    def _new_weights(self, inst: _Instance, version: int) -> None:
+        """Weights `version` are live on `inst` (at a step boundary): running sequences continue with
+        them (a new token segment each), a group with no token yet is stamped with them, and under
+        partial rollout every group in flight counts its lag from them (`TrainQueue.restamp`)."""
+        if version > inst.version:
+            for finish, s in inst.heap:
+                self.segments[s].append((version, self.resp[s] - (finish - inst.step)))
+            for g in sorted(inst.groups):
+                started = self.group_started[g] > 0
+                if not started or self.spec.partial_rollout:
+                    self.queue.restamp(g, version, started=started, now=inst.t)
+        inst.version = version
+
+    def _count_token_lags(self, step: int, groups: list[QueuedGroup]) -> None:
+        """Every token of the handout by its lag; a group's stamp must be its first token's version."""
+        hist = self.token_lag_hist
+        for qg in groups:
+            g = qg.group_id
+            first = min(self.segments[s][0][0] for s in range(g * self.n, (g + 1) * self.n))
+            stamp = qg.version if qg.oldest_version is None else qg.oldest_version
+            if first != stamp:
+                raise AssertionError(f"group {g}: stamped with version {stamp}, first token at {first}")
+            for s in range(g * self.n, (g + 1) * self.n):
+                segs = self.segments.pop(s)
+                for k, (v, lo) in enumerate(segs):
+                    hi = segs[k + 1][1] if k + 1 < len(segs) else self.resp[s]
+                    if hi > lo:
+                        hist[step - v] = hist.get(step - v, 0) + hi - lo
+
     # ------------------------------------------------------------------------------------ trainer
     def _try_train(self, t: float) -> None:
         if self.trainer_busy:
@@ -347,6 +390,7 @@ class Simulation:
             return
         self.log.queue(t, self.queue.n_queued, self.queue.n_in_flight)
         groups = [g.group_id for g in h.groups]
+        self._count_token_lags(h.step, h.groups)
         if (
             self.spec.trainer_padded
         ):  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
@@ -411,7 +455,8 @@ class Simulation:
                     self._log_inst(inst, "paused")
                     inst.t += self._resume_cost(inst)
                 if end_of_version:
-                    inst.version = inst.pending_version = self.version
+                    self._new_weights(inst, self.version)
+                    inst.pending_version = self.version
                 inst.logged = ()
             for inst in self.inst:
                 self._fill(inst)
@@ -426,7 +471,8 @@ class Simulation:
             return
         if end_of_version:
             for inst in self.inst:
-                inst.version = inst.pending_version = self.version
+                self._new_weights(inst, self.version)
+                inst.pending_version = self.version
         self._trainer_free(t)
 
     def _wake_idle_refresh(self, inst: _Instance, t: float) -> None:
@@ -476,7 +522,7 @@ class Simulation:
                 if tag != inst.tag:
                     continue
                 inst.paused = False
-                inst.version = inst.loading_version
+                self._new_weights(inst, inst.loading_version)
                 inst.logged = ()
                 self._at_boundary(inst)
             elif kind == _TRAIN_END:
@@ -505,4 +551,5 @@ class Simulation:
             self.tokens_consumed,
             end,
             list(self.queue.stats.lags),
+            dict(sorted(self.token_lag_hist.items())),
         )

@@ -31,13 +31,20 @@ import numpy as np
 
 from asp_npu.core.modes import BASELINES, MODES, TABLE, Mode, sim_mode
 from asp_npu.core.records import Unit
+from asp_npu.errors import UserError
 from asp_npu.sim.cost import SimCost
 from asp_npu.sim.engine import RunSpec, UnitSource
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload
 
+# partial rollout's default bound on the oldest token: 4 x max_lag. At the `paper` point with the
+# FLOP-derived trainer cost a 16k-token straggler spans ~3 iterations, so 2 x max_lag binds at max_lag
+# 1-2 and halves the gain (docs/simulator.md); the oldest tokens' lag there stays within 4 x.
+TOKEN_LAG_FACTOR = 4
 SPECS: dict[str, Mode] = TABLE  # the one mode table (asp_npu.core.modes); kept under the simulator's old name
-__all__ = ["BASELINES", "MODES", "SPECS", "Layout", "layout_for", "run_spec", "split_devices"]
+__all__ = [
+    "BASELINES", "MODES", "SPECS", "Layout", "layout_for", "partial_allowed", "run_spec", "split_devices"
+]
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,13 @@ def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | N
     return Layout(devices, instances, cl.infer_tp, cl.sweep_trainer_devices)
 
 
+def partial_allowed(mode: str) -> bool:
+    """Partial rollout needs in-flight sequences across weight refreshes on their own devices: an
+    asynchronous disaggregated mode (SortedRL's colocated preempt-and-resume is its own mode)."""
+    ms = SPECS[mode]
+    return not ms.colocated_in_sim and ms.fixed_lag != 0
+
+
 def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> RunSpec:
     """The simulator's run of `mode` (its row in the one mode table, under the preset's executor)."""
     ms = sim_mode(mode, preset.rl.executor)
@@ -129,6 +143,15 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
         else:
             version, lag = mb * k, preset.rl.max_lag
     dealt = bool(ms.deal)
+    partial = preset.rl.partial_rollout
+    if partial and (ms.colocated_in_sim or lag == 0):
+        raise UserError(
+            f"rl.partial_rollout: mode '{mode}' is synchronous or colocated; partial rollout needs "
+            "an asynchronous disaggregated mode"
+        )
+    token_lag = preset.rl.max_token_lag if preset.rl.max_token_lag is not None else TOKEN_LAG_FACTOR * lag
+    if partial and token_lag < lag:
+        raise UserError(f"rl.max_token_lag ({token_lag}) must be >= mode '{mode}''s max_lag ({lag})")
     return RunSpec(
         mode=mode,
         colocated=ms.colocated_in_sim,
@@ -147,6 +170,8 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
         order=ms.queue_order,
         preempt=ms.partial_rollout,
         devices=layout.devices,
+        partial_rollout=partial,
+        max_token_lag=token_lag if partial else None,
     )
 
 

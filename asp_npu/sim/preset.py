@@ -55,6 +55,10 @@ class RLSpec:
     # unit = one blocking generate call per unit, the next unit when it has ended (MindSpeed-RL style)
     executor: str = "stream"
     plan_window: int = 1  # iterations ASP plans together (one offline pass per window)
+    # partial rollout (docs/simulator.md): in-flight groups count their lag from the newest weights;
+    # every token's lag stays within max_token_lag (None: 4 x the mode's max_lag)
+    partial_rollout: bool = False
+    max_token_lag: int | None = None
 
 
 @dataclass
@@ -273,6 +277,13 @@ def validate(p: Preset) -> list[str]:
         and (w.prompts_per_iteration * n) % (r.mini_batch_size * r.sync_every_minibatches)
     ):
         bad.append("rl.mini_batch_size x rl.sync_every_minibatches must divide the iteration")
+    if not isinstance(r.partial_rollout, bool):
+        bad.append(f"rl.partial_rollout must be true|false (got {r.partial_rollout!r})")
+    tl = r.max_token_lag
+    if tl is not None and (isinstance(tl, bool) or not isinstance(tl, int)):
+        bad.append(f"rl.max_token_lag must be an integer (got {r.max_token_lag!r})")
+    elif r.max_token_lag is not None and r.max_token_lag < r.max_lag:
+        bad.append(f"rl.max_token_lag ({r.max_token_lag}) must be >= rl.max_lag ({r.max_lag})")
     if r.plan_window < 1:
         bad.append(f"rl.plan_window must be >= 1 (got {r.plan_window})")
     if r.executor not in ("stream", "unit"):

@@ -10,7 +10,7 @@ from asp_npu.sim.run import ModeRun
 def table(runs: dict[str, ModeRun]) -> str:
     head = (
         "| mode | layout | tokens/s | samples/s | iter mean s | p50 | p95 | util | padding | skewness | "
-        "sorting | overhead | trainer idle | rollouter idle | lag mean/max |"
+        "sorting | overhead | trainer idle | rollouter idle | lag mean/max | limit s | x limit | x hardware |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in runs.items():
@@ -27,7 +27,8 @@ def table(runs: dict[str, ModeRun]) -> str:
             f"{x['iteration_time_p95_s']:.1f} | "
             f"{x['utilization']:.3f} | {b['padding']:.3f} | {b['skewness']:.3f} | {b['sorting']:.3f} | "
             f"{b['overhead']:.3f} | {x['trainer_idle_ratio']:.3f} | {x['rollouter_idle_ratio']:.3f} | "
-            f"{x['lag_mean']:.2f}/{x['lag_max']} |"
+            f"{x['lag_mean']:.2f}/{x['lag_max']} | {x['limit']['iteration_s']:.1f} | {x['efficiency']:.2f} | "
+            f"{x['efficiency_hardware']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -61,6 +62,29 @@ def ratio_table(rat: dict[str, dict[str, dict[str, float]]], runs: dict[str, Mod
             else:
                 cells.append("-")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def partial_table(runs: dict[str, ModeRun], modes: list[str]) -> str:
+    """Partial rollout on vs off per mode: iteration time, throughput and the token-lag histogram."""
+    lines = [
+        "| mode | partial rollout | iter mean s | change | tokens/s | lag max (newest) | "
+        "token lag mean/max | tokens by lag |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in modes:
+        base = runs[m].metrics["iteration_time_mean_s"]
+        for name, on in ((m, "off"), (f"{m}+partial", "on")):
+            x = runs[name].metrics
+            tl = x["token_lag"]
+            total = sum(tl["hist"].values()) or 1
+            shares = ", ".join(f"{k}: {100 * v / total:.1f}%" for k, v in tl["hist"].items())
+            lines.append(
+                f"| {m} | {on} | {x['iteration_time_mean_s']:.1f} | "
+                f"{100 * (x['iteration_time_mean_s'] / base - 1):+.1f}% | "
+                f"{x['throughput_tokens_per_s']:.0f} | "
+                f"{x['lag_max']} | {tl['mean']:.2f}/{tl['max']} | {shares} |"
+            )
     return "\n".join(lines)
 
 

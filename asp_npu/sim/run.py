@@ -14,6 +14,7 @@ from asp_npu.data.traces import SynthParams, read_trace, synth_trace
 from asp_npu.errors import UserError
 from asp_npu.observe.bubbles import account
 from asp_npu.sim.engine import RunResult, RunSpec, Simulation, UnitSource
+from asp_npu.sim.limit import limit
 from asp_npu.sim.modes import (
     MODES,
     SPECS,
@@ -89,7 +90,12 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
     res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
     elapsed = time.perf_counter() - t0
-    return ModeRun(mode, layout, res, metrics(res, workload), elapsed)
+    out = metrics(res, workload)
+    bound = limit(preset, workload, spec.colocated, spec.barrier)
+    out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
+    out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
+    out["limit"] = bound.as_dict()
+    return ModeRun(mode, layout, res, out, elapsed)
 
 
 def work_source(preset: Preset, workload: Workload, mode: str, spec: RunSpec, layout: Layout
@@ -121,6 +127,8 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
     b = account(res.log, 0.0, wall)
     q = res.queue.summary()
     lags = np.asarray(res.lags) if res.lags else np.zeros(1)
+    hist = res.token_lag_hist
+    n_tok = sum(hist.values())
     return {
         "throughput_tokens_per_s": res.tokens_consumed / wall if wall > 0 else 0.0,
         "samples_per_s": res.samples_consumed / wall if wall > 0 else 0.0,
@@ -143,6 +151,11 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
         "accounting_coverage": b.coverage,
         "lag_mean": float(lags.mean()),
         "lag_max": int(lags.max()),
+        "token_lag": {  # every consumed token's lag (trainer step - weights version that generated it)
+            "hist": {str(k): v for k, v in hist.items()},
+            "mean": sum(k * v for k, v in hist.items()) / n_tok if n_tok else 0.0,
+            "max": max(hist, default=0),
+        },
         "queue": {k: q[k] for k in ("queued_mean", "queued_max", "in_flight_mean", "in_flight_max")},
         "layout": {
             "devices": res.spec.devices,
@@ -151,6 +164,7 @@ def metrics(res: RunResult, workload: Workload) -> dict[str, Any]:
             "trainer_devices": res.spec.trainer_devices,
             "colocated": res.spec.colocated,
             "max_lag": res.spec.max_lag,
+            **({"max_token_lag": res.spec.max_token_lag} if res.spec.partial_rollout else {}),
             "minibatch_samples": res.spec.minibatch_groups * workload.group_size,
         },
     }

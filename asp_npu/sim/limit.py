@@ -1,0 +1,104 @@
+"""A lower bound on a run's mean iteration time for the same devices and work (docs/simulator.md).
+
+Every term is a time no schedule on these devices can beat, under the preset's own cost model:
+
+- **work**: training needs `W_t = train_s_per_token x (prompt + response tokens)` device-seconds
+  (balanced ranks, no padding); rollout at least `W_r = d x sum over samples of
+  [r (a/S + b) + c (r p + r (r-1)/2) + prefill_s_per_token x p]` device-seconds (every step at full
+  batch `S`, each token paying only its own context; `d` = devices per instance). A colocated mode
+  does both on all `D` devices in turn: `T >= (W_t + W_r) / D`. A disaggregated mode splits the
+  devices into `k` instances and a trainer: `T >= min over splits of max(W_t / trainer devices in
+  whole ranks, W_r / (k d))`, over the same candidate splits every disaggregated mode may take.
+- **the longest sample**: a sample decodes one token per step, and no step is faster than batch 1
+  (`a + b + c x context`): `T >= prefill + decode at batch 1` of the longest sample. With a rollout
+  barrier (iteration `i + 1` starts generating when iteration `i` is generated: synchronous modes,
+  one-step-off) the iterations' longest samples add up.
+
+`hardware_s` drops what is the mode's own structure (the split, the barrier): `max((W_t + W_r) / D,
+the longest sample)`, the same for every mode -- how far a mode is from what the devices allow.
+The bound is over the whole run; the mean iteration time's bound is it divided by the iterations
+(the simulator's mean iteration time is the wall time over the iterations, the first included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from asp_npu.sim.modes import candidate_splits
+from asp_npu.sim.preset import Preset
+from asp_npu.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The run's lower bound (seconds) and its terms."""
+
+    train_device_s: float
+    rollout_device_s: float
+    work_s: float  # the devices' bound from W_t and W_r (colocated: sum; disaggregated: best split)
+    longest_s: float  # the longest sample(s) at batch 1 (summed per iteration under a barrier)
+    iterations: int
+    hardware_s: float = 0.0  # any mode on these devices: max((W_t + W_r) / D, the longest sample)
+
+    @property
+    def run_s(self) -> float:
+        return max(self.work_s, self.longest_s)
+
+    @property
+    def iteration_s(self) -> float:
+        return self.run_s / max(1, self.iterations)
+
+    @property
+    def hardware_iteration_s(self) -> float:
+        return self.hardware_s / max(1, self.iterations)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "iteration_s": self.iteration_s,
+            "hardware_iteration_s": self.hardware_iteration_s,
+            "work_s": self.work_s,
+            "longest_sample_s": self.longest_s,
+            "train_device_s": self.train_device_s,
+            "rollout_device_s": self.rollout_device_s,
+        }
+
+
+def _per_sample(preset: Preset, workload: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """(minimum rollout device-seconds, batch-1 seconds) of every sample, shape (G, n)."""
+    c, cl = preset.cost, preset.cluster
+    r = workload.response_len.astype(np.float64)
+    p = np.broadcast_to(workload.prompt_len.astype(np.float64)[:, None], r.shape)
+    kv = c.decode_c * (r * p + r * (r - 1) / 2)  # each token reads its own context once
+    prefill = c.prefill_s_per_token * p
+    full = r * (c.decode_a / cl.max_num_seqs + c.decode_b) + kv + prefill
+    alone = r * (c.decode_a + c.decode_b) + kv + prefill
+    return cl.infer_tp * full, alone
+
+
+def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) -> Limit:
+    """The bound of one mode (colocated or not, with or without a rollout barrier) on the preset's devices."""
+    c, cl = preset.cost, preset.cluster
+    seq_tokens = float(workload.response_len.sum() + workload.prompt_len.sum() * workload.group_size)
+    w_t = c.train_s_per_token * seq_tokens
+    roll, alone = _per_sample(preset, workload)
+    w_r = float(roll.sum())
+    if colocated:
+        work = (w_t + w_r) / cl.devices
+    else:
+        best = float("inf")
+        for lay in candidate_splits(preset):
+            t = lay.trainer_devices
+            usable = t - t % c.train_dp_devices if t >= c.train_dp_devices else t
+            best = min(best, max(w_t / usable, w_r / (lay.instances * lay.instance_devices)))
+        work = best
+    longest_per_group = alone.max(axis=1)
+    if barrier:
+        per_iter = np.zeros(workload.num_iterations)
+        np.maximum.at(per_iter, workload.iteration, longest_per_group)
+        longest = float(per_iter.sum())
+    else:
+        longest = float(longest_per_group.max())
+    hardware = max((w_t + w_r) / cl.devices, float(longest_per_group.max()))
+    return Limit(w_t, w_r, work, longest, workload.num_iterations, hardware)

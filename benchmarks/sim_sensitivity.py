@@ -1,0 +1,101 @@
+"""Sensitivity of the `paper` comparison: trainer cost x lag bound x partial rollout, every mode.
+
+The trainer cost runs from the FLOP-derived 8.1e-4 device-s/token (10 x 7.6e9 FLOP/token at 313
+TFLOPS x 30% MFU: `paper`'s `sources.train_s_per_token`) to the calibrated 3.4e-3 (rollout = 70% of
+the `mindspeed-sync` iteration, SortedRL / ANCHORS; `paper`'s default). docs/simulator.md has both.
+For every point: each mode's mean iteration time with partial rollout off, the asynchronous
+disaggregated modes with it on (`<mode>+partial`), ASP against the best baseline (same partial
+setting; the synchronous and colocated baselines have no partial rollout and count as they are),
+and the efficiency (iteration time over the limit, `asp_npu.sim.limit`) of ASP.
+
+    .venv/bin/python benchmarks/sim_sensitivity.py [--costs 8.1e-4,3.4e-3] [--lags 1,2,3,4]
+                                                   [--max-token-lag N] [--iterations 50]
+                                                   [--split rule|search] [--json F]
+
+Deterministic (virtual clock); prints one Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+
+from asp_npu.sim.modes import MODES, partial_allowed
+from asp_npu.sim.preset import load_preset
+from asp_npu.sim.run import build_workload, simulate
+
+
+def point(
+    cost: float, lag: int, token_lag: int | None, iterations: int | None, split: str | None
+) -> dict[str, dict]:
+    """Every mode (and `<mode>+partial` where it applies) at one (trainer cost, max_lag) point."""
+    over: dict = {"cost.train_s_per_token": cost, "max_lag": lag}
+    if split:
+        over["cluster.split"] = split
+    if token_lag is not None:
+        over["max_token_lag"] = token_lag
+    preset = load_preset("paper", iterations=iterations, overrides=over)
+    workload = build_workload(preset)
+    on = replace(preset, rl=replace(preset.rl, partial_rollout=True))
+    out = {}
+    for m in MODES:
+        out[m] = simulate(preset, workload, m).metrics
+        if partial_allowed(m):
+            out[f"{m}+partial"] = simulate(on, workload, m).metrics
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--costs", default="8.1e-4,3.4e-3", help="trainer device-s per token")
+    ap.add_argument("--lags", default="1,2,3,4")
+    ap.add_argument("--max-token-lag", type=int, default=None, help="default: 4 x max_lag")
+    ap.add_argument("--iterations", type=int, default=None, help="default: the preset's 50")
+    ap.add_argument("--split", choices=("rule", "search"), help="device split (default: the preset's search)")
+    ap.add_argument("--json", help="write every point's metrics")
+    args = ap.parse_args()
+    costs = [float(x) for x in args.costs.split(",")]
+    lags = [int(x) for x in args.lags.split(",")]
+    t0 = time.perf_counter()
+    rows, doc = [], {}
+    for c in costs:
+        for lag in lags:
+            r = point(c, lag, args.max_token_lag, args.iterations, args.split)
+            print(f"point {c:g}/{lag} done at {time.perf_counter() - t0:.0f} s", flush=True)
+            doc[f"{c:g}/{lag}"] = r
+            it = {m: x["iteration_time_mean_s"] for m, x in r.items()}
+            base_off = {m: it[m] for m in MODES if m != "asp"}
+            best_off = min(base_off, key=base_off.get)
+            base_on = {m: it.get(f"{m}+partial", it[m]) for m in MODES if m != "asp"}
+            best_on = min(base_on, key=base_on.get)
+            key = "asp+partial"
+            rows.append(
+                f"| {c:g} | {lag} | "
+                + " | ".join(f"{it[m]:.0f}" for m in MODES)
+                + f" | {it[key]:.0f} | {it['async-fifo+partial']:.0f} | "
+                f"{100 * (it[key] / it['asp'] - 1):+.1f}% | "
+                f"{100 * (it['asp'] / base_off[best_off] - 1):+.1f}% ({best_off}) | "
+                f"{100 * (it[key] / base_on[best_on] - 1):+.1f}% ({best_on}) | "
+                f"{r['asp']['efficiency']:.2f} / {r[key]['efficiency']:.2f} | "
+                f"{r[key]['token_lag']['mean']:.2f}/{r[key]['token_lag']['max']} |"
+            )
+    head = (
+        "| train s/token | max_lag | " + " | ".join(MODES) + " | asp+partial | async-fifo+partial | "
+        "partial cut (asp) | asp vs best baseline (off) | asp+partial vs best baseline (on) | "
+        "asp x limit off/on | asp+partial token lag mean/max |"
+    )
+    print("mean iteration time (s), `paper` preset; baselines 'on' = their +partial run where they have one")
+    print()
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    print("\n".join(rows))
+    print(f"\n{len(rows)} points in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The efficiency bound (`asp_npu.sim.limit`): never above a simulated run, and tight where it should be."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asp_npu.sim.cost import SimCost
+from asp_npu.sim.limit import limit
+from asp_npu.sim.modes import MODES, Layout
+from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
+from asp_npu.sim.run import run_modes, simulate_layout
+from asp_npu.sim.workload import from_arrays
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=64, max_size=64),
+    prompt=st.integers(1, 40),
+    decode_c=st.sampled_from([0.0, 1e-5]),
+    max_lag=st.integers(0, 3),
+)
+def test_every_mode_is_at_or_above_its_limit(lengths, prompt, decode_c, max_lag) -> None:
+    """Random workloads on the tiny cluster: iteration time / lower bound >= 1 for every mode."""
+    p = load_preset("tiny")
+    p = replace(p, cost=replace(p.cost, decode_c=decode_c), rl=replace(p.rl, max_lag=max_lag))
+    w = from_arrays(np.array(lengths).reshape(16, 4), prompt_len=prompt, prompts_per_iteration=8)
+    for m, r in run_modes(p, w, MODES).items():
+        assert r.metrics["efficiency"] >= 1.0 - 1e-9, (m, r.metrics["limit"])
+        assert r.metrics["efficiency_hardware"] >= r.metrics["efficiency"] - 1e-9, m  # a lower bound
+
+
+def test_limit_is_tight_on_a_balanced_split() -> None:
+    """Equal lengths, one refresh per iteration, a split where rollout and training take equally long:
+    the asynchronous pipeline runs both stages flat out; only the first iteration's rollout (the
+    pipeline fill) is not overlapped, so the run takes exactly (N + 1) / N of the bound."""
+    slots, iters, length = 8, 32, 40
+    cost = SimCost(decode_a=0.08, decode_b=0.01, decode_c=0.0, prefill_s_per_token=0.0,
+                   train_s_per_token=0.0, refresh_s=0.0, train_dp_devices=1)
+    # rollout: per iteration 8 groups x 4 samples x 40 tokens on 1 instance of 8 slots:
+    # 4 waves x 40 steps x (0.08 + 0.08) s = 25.6 s; device-seconds per token 0.16/8 = 0.02
+    tokens_per_iter = 8 * 4 * (length + 1)
+    cost = replace(cost, train_s_per_token=25.6 / tokens_per_iter)  # the trainer (1 device) takes as long
+    p = Preset("tight", Cluster(devices=2, infer_tp=1, max_num_seqs=slots, min_trainer_devices=1,
+                                sweep_trainer_devices=1, split="rule"),
+               WorkloadSpec(prompts_per_iteration=8, n_samples_per_prompt=4, iterations=iters),
+               RLSpec(mini_batch_size=32, max_lag=2), cost)
+    w = from_arrays(np.full((8 * iters, 4), length), prompt_len=1, prompts_per_iteration=8)
+    b = limit(p, w, colocated=False, barrier=False)
+    assert b.iteration_s == pytest.approx(25.6)
+    r = simulate_layout(p, w, "async-fifo", Layout(2, 1, 1, 1))
+    assert r.metrics["efficiency"] == pytest.approx((iters + 1) / iters)
