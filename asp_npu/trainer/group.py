@@ -1,9 +1,10 @@
 """The trainer as a Ray actor group: one actor per megatron rank, driven as a single object.
 
 The layout is validated on the driver from the HF `config.json` before any actor starts. Rank 0
-picks the rendezvous address (its node's IP; 127.0.0.1 in single-machine CPU mode, where
-`device.loopback_env()` is in force) and a free port; all ranks then initialise the process group
-together. Every call fans out to all ranks (they are SPMD) and returns rank 0's answer.
+picks the rendezvous address (its node's IP; 127.0.0.1 in single-machine mode, where
+`device.init_ray` puts `device.loopback_env()` in force) and a free port; all ranks then initialise
+the process group together (on loopback through a file, so no store listens on the network). Every
+call fans out to all ranks (they are SPMD) and returns rank 0's answer.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ class TrainerRank:
     def rendezvous(self) -> tuple[str, int]:
         import ray
 
-        from asp_npu.trainer.parallel import free_port
+        from asp_npu.trainer.parallel import free_port, rendezvous_file
 
         ip = ray.util.get_node_ip_address()
-        return ip, free_port(ip)
+        port = free_port(ip)
+        rendezvous_file(ip, port, fresh=True)  # a loopback group meets in a file (parallel.init_parallel)
+        return ip, port
 
     def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int) -> None:
         from asp_npu.trainer.worker import TrainerWorker
@@ -55,10 +58,8 @@ class TrainerGroup:
         dims = ModelDims.from_hf_dir(cfg.model.path)
         self.layout = check_layout(dims, tp, pp, dp, self.world_size)  # before any actor exists
         kind = device.detect(cfg.trainer.device)
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(num_cpus=max(self.world_size, device.available_devices("cpu")), include_dashboard=False,
-                     log_to_driver=True)
+        self._owns_ray = device.init_ray(max(self.world_size, device.available_devices("cpu")),
+                                         cfg.trainer.nnodes <= 1, log_to_driver=True)
         opts = device.trainer_actor_options(kind)
         if cpus_per_rank is not None:
             opts["num_cpus"] = cpus_per_rank
