@@ -13,7 +13,7 @@ from typing import Any
 
 from asp_npu.config import Config
 from asp_npu.trainer.convert import HFWeights
-from asp_npu.trainer.parallel import ModelDims, check_layout
+from asp_npu.trainer.parallel import ModelDims, check_layout, rendezvous_file
 from asp_npu.types import TrainBatch
 
 
@@ -26,7 +26,7 @@ class TrainerRank:
     def rendezvous(self) -> tuple[str, int]:
         import ray
 
-        from asp_npu.trainer.parallel import free_port, rendezvous_file
+        from asp_npu.trainer.parallel import free_port
 
         ip = ray.util.get_node_ip_address()
         port = free_port(ip)
@@ -66,6 +66,7 @@ class TrainerGroup:
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**opts).remote() for _ in range(self.world_size)]
         addr, port = ray.get(self.actors[0].rendezvous.remote())
+        self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
         ray.get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)])
         self.version = 0
 
@@ -123,5 +124,8 @@ class TrainerGroup:
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
+            rdzv = getattr(self, "_rendezvous", None)
+            if rdzv is not None:
+                rdzv.unlink(missing_ok=True)
             if self._owns_ray:
                 ray.shutdown()
