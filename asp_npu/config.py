@@ -195,7 +195,7 @@ class Config:
 
 
 # Allowed range of each numeric field: "section.key" -> (low, high, low_exclusive, high_exclusive); None =
-# unbounded. A numeric field not listed here must be finite and >= 0 (`_numeric_problems`), so a key added
+# unbounded. A numeric field not listed here must be finite and >= 0 (`range_problems`), so a key added
 # to a dataclass above is range-checked without an entry; list it only when its range differs.
 Range = tuple[float | None, float | None, bool, bool]
 AT_LEAST_1: Range = (1, None, False, False)
@@ -255,13 +255,13 @@ def _in_range(value: float, r: Range) -> bool:
     return high is None or (value < high if high_x else value <= high)
 
 
-def _numeric_problems(obj: Any, prefix: str = "") -> list[str]:
+def range_problems(obj: Any, prefix: str = "") -> list[str]:
     """Every int/float field of the config tree: finite (no NaN, no inf) and in its NUMERIC_RANGES range."""
     problems: list[str] = []
     for f in fields(obj):
         value, key = getattr(obj, f.name), f"{prefix}{f.name}"
         if is_dataclass(value):
-            problems += _numeric_problems(value, key + ".")
+            problems += range_problems(value, key + ".")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             r = NUMERIC_RANGES.get(key, DEFAULT_RANGE)
             if not math.isfinite(value):
@@ -287,7 +287,7 @@ def _choice_problems(cfg: Config) -> list[str]:
 
 def validate(cfg: Config) -> list[str]:
     """Return every problem found (empty list = valid). Hardware-independent checks only."""
-    problems = _numeric_problems(cfg) + _choice_problems(cfg)
+    problems = range_problems(cfg) + _choice_problems(cfg)
     rl, gen, act = cfg.rl_config, cfg.generate_config, cfg.actor_config
     if rl.mode not in MODES:
         problems.append(f"rl_config.mode: '{rl.mode}' is not one of {', '.join(MODES)}")
