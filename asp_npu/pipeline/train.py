@@ -90,6 +90,9 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
     check_run_dir(cfg, overwrite)
     prompts = load_run_prompts(cfg)
     prepare_model(cfg)
+    from asp_npu.data.init_model import check_model_dir
+
+    check_model_dir(cfg.model.path)  # a torn config.json costs one line, before the run directory
     # resuming into the same run directory must not clear the checkpoint it resumes from
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
                            keep_checkpoints=bool(cfg.actor_config.load), overwrite=overwrite)
