@@ -188,6 +188,8 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_bad_input_is_refused_in_one_line(ws: Path, klass: str, command: list[str], expected: str) -> None:
     argv = [a.format(ws=ws, repo=REPO) for a in command]
     kept = {name: _snapshot(ws / name) for name in KEPT}
+    made = [ws / "new_run", ws / "no_such_folder"]  # outputs a refused command must not create
+    existed = {p: p.exists() for p in made}
     res = run_cli(argv, ws)
     err = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, (klass, argv, res.stderr[-2000:])
@@ -198,8 +200,8 @@ def test_bad_input_is_refused_in_one_line(ws: Path, klass: str, command: list[st
     assert any(expected in line for line in err), (expected, err)
     for name, before in kept.items():
         assert _snapshot(ws / name) == before, f"{name} was changed by {argv}"
-    assert not (ws / "new_run").exists()
-    assert not (ws / "no_such_folder").exists()
+    for p in made:
+        assert existed[p] or not p.exists(), f"{p} was created by {argv}"
 
 
 def test_import_config_null_vocab_falls_back(tmp_path: Path) -> None:
