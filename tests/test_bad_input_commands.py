@@ -10,6 +10,7 @@ types / torn files, destroyed data, unwritable outputs.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -179,8 +180,15 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "VLLM_HOST_IP": "127.0.0.1", "MASTER_ADDR": "127.0.0.1",
            "GLOO_SOCKET_IFNAME": "lo", "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run([sys.executable, "-m", "asp_npu.cli", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=TIME_LIMIT_S)
+    proc = subprocess.Popen([sys.executable, "-m", "asp_npu.cli", *argv], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIME_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and whatever it started (Ray, engines)
+        out, err = proc.communicate()
+        err += f"\n(killed after {TIME_LIMIT_S} s: a hang)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize(("klass", "command", "expected"), CASES,
