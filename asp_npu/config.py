@@ -8,7 +8,8 @@ process group starts; `validate` lists every problem, not just the first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,38 +230,115 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
     return out
 
 
+# Allowed range of each numeric field: "section.key" -> (low, high, low_exclusive, high_exclusive); None =
+# unbounded. A numeric field not listed here must be finite and >= 0 (`range_problems`), so a key added
+# to a dataclass above is range-checked without an entry; list it only when its range differs.
+Range = tuple[float | None, float | None, bool, bool]
+AT_LEAST_1: Range = (1, None, False, False)
+POSITIVE: Range = (0, None, True, False)
+FRACTION: Range = (0, 1, True, False)  # (0, 1]
+NUMERIC_RANGES: dict[str, Range] = {
+    "data.num_prompts": (0, None, False, False),  # 0 = every prompt of data.data_path (synthetic: >= 1)
+    "generate_config.num_instances": AT_LEAST_1,
+    "generate_config.infer_tensor_parallel_size": AT_LEAST_1,
+    "generate_config.infer_expert_parallel_size": AT_LEAST_1,
+    "generate_config.max_num_seqs": AT_LEAST_1,
+    "generate_config.max_num_batched_tokens": AT_LEAST_1,
+    "generate_config.kv_cache_gib": POSITIVE,
+    "generate_config.gpu_memory_utilization": FRACTION,
+    "generate_config.sampling_config.top_p": FRACTION,
+    "generate_config.sampling_config.max_tokens": AT_LEAST_1,
+    "actor_config.tensor_model_parallel_size": AT_LEAST_1,
+    "actor_config.pipeline_model_parallel_size": AT_LEAST_1,
+    "actor_config.data_parallel_size": AT_LEAST_1,
+    "actor_config.expert_model_parallel_size": AT_LEAST_1,
+    "actor_config.micro_batch_size": AT_LEAST_1,
+    "actor_config.ppo_epochs": AT_LEAST_1,
+    "actor_config.ppo_max_token_len_per_gpu": AT_LEAST_1,
+    "rl_config.n_samples_per_prompt": AT_LEAST_1,
+    "rl_config.mini_batch_size": AT_LEAST_1,
+    "rl_config.weight_refresh_interval": AT_LEAST_1,
+    "rl_config.clip_ratio_low": (0, 1, False, False),
+    "rl_config.importance_cap": POSITIVE,
+    "rl_config.max_prompt_length": AT_LEAST_1,
+    "rl_config.plan_cost_a": POSITIVE,
+    "trainer.train_iters": AT_LEAST_1,
+    "trainer.nnodes": AT_LEAST_1,
+    "trainer.stall_timeout_s": POSITIVE,
+    "sft.batch_size": AT_LEAST_1,
+    "sft.num_examples": AT_LEAST_1,
+    "sft.max_items": AT_LEAST_1,
+}
+DEFAULT_RANGE: Range = (0, None, False, False)
+# Allowed values of the string fields the code branches on (the rest: see validate below).
+LOGGERS = ("console", "jsonl", "tensorboard")  # asp_npu.observe.metrics.MetricsLogger sinks
+ADV_ESTIMATORS = ("group_norm",)
+KL_PENALTIES = ("low_var_kl", "kl", "mse")  # asp_npu.trainer.losses.KL_PENALTIES
+MODEL_SIZES = ("tiny", "small")  # asp_npu.data.init_model.SIZES
+
+
+def _range_text(r: Range) -> str:
+    low, high, low_x, high_x = r
+    if high is None:
+        return f"{'>' if low_x else '>='} {low:g}"
+    return f"in {'(' if low_x else '['}{low:g}, {high:g}{')' if high_x else ']'}"
+
+
+def _in_range(value: float, r: Range) -> bool:
+    low, high, low_x, high_x = r
+    if low is not None and (value <= low if low_x else value < low):
+        return False
+    return high is None or (value < high if high_x else value <= high)
+
+
+def range_problems(obj: Any, prefix: str = "") -> list[str]:
+    """Every int/float field of the config tree: finite (no NaN, no inf) and in its NUMERIC_RANGES range."""
+    problems: list[str] = []
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            problems += range_problems(value, key + ".")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            r = NUMERIC_RANGES.get(key, DEFAULT_RANGE)
+            if not math.isfinite(value):
+                problems.append(f"{key}: must be a finite number {_range_text(r)} (got {value})")
+            elif not _in_range(value, r):
+                problems.append(f"{key}: must be {_range_text(r)} (got {value})")
+    return problems
+
+
+def _choice_problems(cfg: Config) -> list[str]:
+    """String fields with a fixed set of values."""
+    problems: list[str] = []
+    unknown = [lg for lg in cfg.trainer.logger if lg not in LOGGERS]
+    if unknown:
+        problems.append(f"trainer.logger: '{unknown[0]}' is not one of {', '.join(LOGGERS)}")
+    for key, value, allowed in (("rl_config.adv_estimator", cfg.rl_config.adv_estimator, ADV_ESTIMATORS),
+                                ("rl_config.kl_penalty", cfg.rl_config.kl_penalty, KL_PENALTIES),
+                                ("model.size", cfg.model.size, MODEL_SIZES)):
+        if value not in allowed:
+            problems.append(f"{key}: '{value}' is not one of {', '.join(allowed)}")
+    return problems
+
+
 def validate(cfg: Config) -> list[str]:
     """Return every problem found (empty list = valid). Hardware-independent checks only."""
-    problems: list[str] = []
+    problems = range_problems(cfg) + _choice_problems(cfg)
     rl, gen, act = cfg.rl_config, cfg.generate_config, cfg.actor_config
     if rl.mode not in MODES:
         problems.append(f"rl_config.mode: '{rl.mode}' is not one of {', '.join(MODES)}")
-    if rl.max_lag < 0:
-        problems.append(f"rl_config.max_lag: must be >= 0 (got {rl.max_lag})")
-    if rl.n_samples_per_prompt < 1:
-        problems.append(f"rl_config.n_samples_per_prompt: must be >= 1 (got {rl.n_samples_per_prompt})")
-    elif rl.mini_batch_size < 1 or rl.mini_batch_size % rl.n_samples_per_prompt:
+    G = rl.n_samples_per_prompt
+    if G >= 1 and rl.mini_batch_size >= 1 and rl.mini_batch_size % G:
         problems.append(
             f"rl_config.mini_batch_size: {rl.mini_batch_size} does not hold whole groups of "
             f"n_samples_per_prompt={rl.n_samples_per_prompt}"
         )
     if rl.weight_refresh_mode not in ("inflight", "drain"):
         problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
-    if rl.weight_refresh_interval < 1:
-        problems.append(f"rl_config.weight_refresh_interval: must be >= 1 (got {rl.weight_refresh_interval})")
     problems += partial_rollout_problems(rl)
-    if gen.num_instances < 1:
-        problems.append(f"generate_config.num_instances: must be >= 1 (got {gen.num_instances})")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "infer_tensor_parallel_size"):
-        if getattr(gen, name) < 1:
-            problems.append(f"generate_config.{name}: must be >= 1 (got {getattr(gen, name)})")
-    if gen.sampling_config.max_tokens < 1:
-        problems.append("generate_config.sampling_config.max_tokens: must be >= 1 "
-                        f"(got {gen.sampling_config.max_tokens})")
-    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-                 "expert_model_parallel_size", "micro_batch_size"):
-        if getattr(act, name) < 1:
-            problems.append(f"actor_config.{name}: must be >= 1 (got {getattr(act, name)})")
+    if not cfg.data.data_path and cfg.data.num_prompts < 1:
+        problems.append(f"data.num_prompts: the synthetic task needs >= 1 prompt "
+                        f"(got {cfg.data.num_prompts})")
     if cfg.data.length_dist:
         from asp_npu.data.tasks import parse_length_dist
 
@@ -268,9 +346,6 @@ def validate(cfg: Config) -> list[str]:
             parse_length_dist(cfg.data.length_dist)
         except UserError as exc:
             problems.append(f"data.length_dist: {exc}")
-    if act.use_dynamic_bsz and act.ppo_max_token_len_per_gpu < 1:
-        problems.append("actor_config.ppo_max_token_len_per_gpu: must be >= 1 "
-                        f"(got {act.ppo_max_token_len_per_gpu})")
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
@@ -279,8 +354,6 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
         problems.append(f"trainer.device: '{cfg.trainer.device}' is not auto|cpu|npu|cuda")
-    if cfg.trainer.train_iters < 1:
-        problems.append(f"trainer.train_iters: must be >= 1 (got {cfg.trainer.train_iters})")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
@@ -291,7 +364,6 @@ def validate(cfg: Config) -> list[str]:
 
 def _arch_problems(cfg: Config) -> list[str]:
     """Model family and expert parallelism: unknown families, MLA, EP not dividing experts or DP."""
-    import json
 
     from asp_npu.trainer.arch import ARCHS, MLA_MISSING, hf_arch_problems
     from asp_npu.trainer.parallel import expert_problems
@@ -309,10 +381,12 @@ def _arch_problems(cfg: Config) -> list[str]:
     experts = m.arch.num_experts
     cfg_json = Path(m.path) / "config.json"
     if cfg_json.is_file():
+        from asp_npu.data.init_model import read_model_config
+
         try:
-            hf = json.loads(cfg_json.read_text())
-        except (OSError, ValueError) as exc:
-            return problems + [f"model.path: cannot read {cfg_json}: {exc}"]
+            hf = read_model_config(m.path)
+        except UserError as exc:
+            return problems + [f"model.path: {exc}"]
         problems += hf_arch_problems(hf, f"model.path {cfg_json}")
         experts = experts or int(hf.get("num_experts") or hf.get("num_local_experts")
                                  or hf.get("n_routed_experts") or 0)
@@ -349,9 +423,6 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
     if offload and mode not in COLOCATED_MODES:
         problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
                         f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
-    if act.expert_model_parallel_size < 1:  # EP vs experts and DP: `trainer.parallel.expert_problems`
-        problems.append(f"actor_config.expert_model_parallel_size: must be >= 1 "
-                        f"(got {act.expert_model_parallel_size})")
     return problems
 
 
@@ -362,7 +433,7 @@ def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:
         problems.append(f"generate_config.weight_nz_mode: {gen.weight_nz_mode} turns on vllm-ascend's "
                         "FRACTAL_NZ weight layout, which breaks repeated weight refreshes; RL needs 0")
     iep, itp = gen.infer_expert_parallel_size, gen.infer_tensor_parallel_size
-    if iep < 1 or (iep > 1 and itp >= 1 and iep % itp):
+    if iep > 1 and itp >= 1 and iep % itp:
         problems.append(f"generate_config.infer_expert_parallel_size: {iep} must be 1 or a multiple of "
                         f"infer_tensor_parallel_size {itp}")
     return problems

@@ -89,6 +89,25 @@ def loopback_env() -> dict[str, str]:
     }
 
 
+def init_ray(num_cpus: int, single_machine: bool = True, **kwargs: object) -> bool:
+    """Start Ray for this process unless it is already running; True when this call started it.
+
+    The one place the project starts Ray. On a single machine (`trainer.nnodes` 1, no RAY_ADDRESS to
+    join) it first puts `loopback_env()` in the environment (values the user set win), so the GCS,
+    raylet and every actor -- trainer ranks, vLLM workers, gloo -- stay on 127.0.0.1.
+    """
+    if single_machine and not os.environ.get("RAY_ADDRESS"):
+        for k, v in loopback_env().items():  # before `import ray`: Ray reads them when imported
+            os.environ.setdefault(k, v)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs.setdefault("include_dashboard", False)
+    ray.init(num_cpus=num_cpus, **kwargs)
+    return True
+
+
 def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> dict[str, str]:
     """Environment for one rollout instance pinned to `devices` (CPU cores on CPU, cards elsewhere)."""
     if kind == "cpu":

@@ -21,6 +21,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", default=None,
                         help="comma-separated data/sampling seeds (default: data.seed)")
     parser.add_argument("--out-dir", default="runs/bench_real", help="one run directory per mode and seed")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace previous runs' checkpoints under --out-dir (default: refuse)")
     parser.add_argument("--json", default=None, help="write the per-mode results here")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every mode")
     args = parser.parse_args(argv)
@@ -39,7 +41,8 @@ def main(argv: list[str]) -> int:
         overrides.append(f"trainer.train_iters={args.iterations}")
     base = load_config(args.config, overrides, check=False)
     seeds = seeds or [base.data.seed]
-    runs = run_bench(base, modes, seeds, Path(args.out_dir), args.json, args.config, overrides)
+    runs = run_bench(base, modes, seeds, Path(args.out_dir), args.json, args.config, overrides,
+                     overwrite=args.overwrite)
     print(table(aggregate(runs)))
     if args.json:
         print(f"results written to {args.json}")

@@ -18,11 +18,13 @@ from asp_npu.pipeline.train import train
 def main(argv: list[str]) -> int:
     parser = command_parser("train", "GRPO training with the ASP asynchronous pipeline")
     parser.add_argument("--config", default=None, help="YAML config (e.g. configs/cpu_tiny.yaml)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous run's checkpoints in trainer.run_dir (default: refuse)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl_config.max_lag=2")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides, check=False)
     kind = preflight(cfg)
-    summary = train(cfg, kind)
+    summary = train(cfg, kind, overwrite=args.overwrite)
     run = Path(cfg.trainer.run_dir)
     print(
         f"done: {summary['steps']} steps, {summary['throughput_tokens_per_s']:.0f} tokens/s, "

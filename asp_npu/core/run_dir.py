@@ -15,7 +15,9 @@
     report.png         the one-page report (`asp-npu report RUN_DIR` redraws it)
     warm_start/        the SFT warm-started HF model the run started from (model.warm_start_steps > 0)
 
-Only these names are ever deleted when a run directory is reused, so a user's own files survive.
+Only these names are ever deleted when a run directory is reused, so a user's own files survive, and
+only after the new run has passed validation; a previous run's checkpoints are never deleted unless the
+user asks (`--overwrite`), see `reuse_problem`.
 """
 
 from __future__ import annotations
@@ -53,12 +55,32 @@ class RunDir:
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
+    @staticmethod
+    def reuse_problem(path: str | Path, overwrite: bool = False,
+                      keep_checkpoints: bool = False) -> str | None:
+        """Why a new run may not start in `path` (None = it may): it is not a folder, or it holds a
+        previous run's checkpoints that the new run would delete. Touches nothing."""
+        p = Path(path)
+        if p.exists() and not p.is_dir():
+            return f"trainer.run_dir: {p} exists and is not a folder"
+        ckpt = p / CHECKPOINTS
+        if not overwrite and not keep_checkpoints and ckpt.is_dir() and any(ckpt.iterdir()):
+            return (f"trainer.run_dir: {p} holds a previous run's checkpoints; pass --overwrite to replace "
+                    "that run, or set a new trainer.run_dir")
+        return None
+
     @classmethod
-    def create(cls, path: str | Path, config_yaml: str, keep_checkpoints: bool = False) -> RunDir:
-        """Make (or reuse) the folder, clear what a previous run left in our layout, snapshot the config."""
+    def create(cls, path: str | Path, config_yaml: str, keep_checkpoints: bool = False,
+               overwrite: bool = False) -> RunDir:
+        """Make (or reuse) the folder, clear what a previous run left in our layout, snapshot the config.
+
+        Call it only once the new run has passed validation: reusing a folder deletes the previous run's
+        files. A previous run's checkpoints are refused (`reuse_problem`) unless `overwrite`, or kept
+        (`keep_checkpoints`: a run resuming from them)."""
         run = cls(path)
-        if run.path.exists() and not run.path.is_dir():
-            raise UserError(f"trainer.run_dir: {run.path} exists and is not a folder")
+        problem = cls.reuse_problem(run.path, overwrite, keep_checkpoints)
+        if problem:
+            raise UserError(problem)
         try:
             run.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -90,18 +112,39 @@ class RunDir:
         return atomic_write_lines(self.path / name, [json.dumps(r) for r in rows])
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        """The rows of a JSONL run file ([] when absent); a torn or mistyped file is a UserError naming
+        the file and line."""
         p = self.path / name
         if not p.is_file():
             return []
-        with open(p, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        rows: list[dict[str, Any]] = []
+        for n, line in enumerate(_read_text(p).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise UserError(f"{p}:{n}: not a JSON line ({exc.args[0].split(':')[0]})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{p}:{n}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+        return rows
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         return atomic_write_json(self.path / SUMMARY, summary, indent=2)
 
     def read_summary(self) -> dict[str, Any]:
+        """summary.json ({} when absent); a torn or mistyped file is a UserError naming it."""
         p = self.path / SUMMARY
-        return json.loads(p.read_text()) if p.is_file() else {}
+        if not p.is_file():
+            return {}
+        try:
+            summary = json.loads(_read_text(p))
+        except ValueError as exc:
+            raise UserError(f"{p}: not valid JSON ({exc.args[0].split(':')[0]})") from None
+        if not isinstance(summary, dict):
+            raise UserError(f"{p}: expected a JSON object, got {type(summary).__name__}")
+        return summary
 
     @property
     def checkpoints(self) -> Path:
@@ -110,3 +153,12 @@ class RunDir:
     @property
     def plans(self) -> Path:
         return self.path / PLANS
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read ({exc.strerror})") from None

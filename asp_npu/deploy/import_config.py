@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config, validate
+from asp_npu.config import Config, range_problems, validate
 from asp_npu.deploy.layout import COLOCATED_MODES, Card, card_for, plan_layout
 from asp_npu.deploy.memory import instance_npus
 from asp_npu.errors import UserError
@@ -406,6 +406,32 @@ def _model_type(m: dict[str, Any], name: str) -> str:
     return "llama" if name.startswith("llama") else "qwen2"
 
 
+def _as_int(key: str, value: Any) -> int:
+    """An integer setting of the source config, or a UserError naming the key (bools and 2.5 are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise UserError(f"{key}: expected an integer, got {value!r}")
+    try:
+        f = float(value)
+    except ValueError:
+        raise UserError(f"{key}: expected an integer, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise UserError(f"{key}: expected an integer, got {value!r}")
+    return int(f)
+
+
+def _as_float(key: str, value: Any) -> float:
+    """A finite number setting of the source config, or a UserError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise UserError(f"{key}: expected a number, got {value!r}")
+    try:
+        f = float(value)
+    except ValueError:
+        raise UserError(f"{key}: expected a number, got {value!r}") from None
+    if not math.isfinite(f):
+        raise UserError(f"{key}: expected a finite number, got {value!r}")
+    return f
+
+
 def _arch_from_mindspeed_model(path: Path, name: str) -> dict[str, Any] | None:
     """configs/model/<name>.yaml (MindSpeed-RL layout, Megatron argument names) -> our model.arch keys."""
     from omegaconf import OmegaConf
@@ -413,40 +439,49 @@ def _arch_from_mindspeed_model(path: Path, name: str) -> dict[str, Any] | None:
     f = path / f"{name}.yaml"
     if not f.is_file():
         return None
-    raw = OmegaConf.to_container(OmegaConf.load(f))
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(f))
+    except Exception as exc:  # YAML syntax, undecodable bytes, interpolation errors
+        raise UserError(f"{f}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
     m = raw.get(name, raw) if isinstance(raw, dict) else {}
     if not isinstance(m, dict) or "hidden_size" not in m:
         return None
-    heads = int(m.get("num_attention_heads", 0))
+    def num(*keys: str) -> int:  # the first key set (a YAML null counts as unset), else 0
+        for k in keys:
+            if m.get(k) is not None:
+                return _as_int(f"{f}: {k}", m[k])
+        return 0
+
+    heads = num("num_attention_heads")
     mt = _model_type(m, name)
     arch: dict[str, Any] = dict(
         model_type=mt,
-        hidden_size=int(m["hidden_size"]),
-        num_layers=int(m.get("num_layers", 0)),
+        hidden_size=num("hidden_size"),
+        num_layers=num("num_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(m["num_query_groups"] if m.get("group_query_attention") else heads),
-        vocab_size=int(m.get("padded_vocab_size", m.get("vocab_size", 0))),
-        intermediate_size=int(m.get("ffn_hidden_size", 0)),
-        max_position_embeddings=int(m.get("max_position_embeddings", 0)),
+        num_key_value_heads=num("num_query_groups") if m.get("group_query_attention") else heads,
+        vocab_size=num("padded_vocab_size", "vocab_size"),
+        intermediate_size=num("ffn_hidden_size"),
+        max_position_embeddings=num("max_position_embeddings"),
         tie_word_embeddings=not bool(m.get("untie_embeddings_and_output_weights", False)),
-        head_dim=int(m.get("kv_channels", 0)),
+        head_dim=num("kv_channels"),
     )
     if m.get("num_experts"):
         arch.update(
-            num_experts=int(m["num_experts"]),
-            moe_router_topk=int(m.get("moe_router_topk", 0)),
-            moe_ffn_hidden_size=int(m.get("moe_ffn_hidden_size", 0)),
-            moe_shared_expert_intermediate_size=int(m.get("n_shared_experts", 0) or 0)
-            * int(m.get("moe_ffn_hidden_size", 0)),
-            first_k_dense_replace=int(m.get("first_k_dense_replace", 0) or 0),
+            num_experts=num("num_experts"),
+            moe_router_topk=num("moe_router_topk"),
+            moe_ffn_hidden_size=num("moe_ffn_hidden_size"),
+            moe_shared_expert_intermediate_size=num("n_shared_experts")
+            * num("moe_ffn_hidden_size"),
+            first_k_dense_replace=num("first_k_dense_replace"),
         )
     if m.get("multi_latent_attention"):
         arch.update(
-            q_lora_rank=int(m.get("q_lora_rank", 0) or 0),
-            kv_lora_rank=int(m.get("kv_lora_rank", 0)),
-            qk_head_dim=int(m.get("qk_head_dim", 0)),
-            qk_pos_emb_head_dim=int(m.get("qk_pos_emb_head_dim", 0)),
-            v_head_dim=int(m.get("v_head_dim", 0)),
+            q_lora_rank=num("q_lora_rank"),
+            kv_lora_rank=num("kv_lora_rank"),
+            qk_head_dim=num("qk_head_dim"),
+            qk_pos_emb_head_dim=num("qk_pos_emb_head_dim"),
+            v_head_dim=num("v_head_dim"),
         )
     return arch
 
@@ -472,7 +507,8 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
     num_npus, model_name = 0, None
     colocated = mode in COLOCATED_MODES
     gen_in = ms.get("generate_config", {}) or {}
-    n = int(ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
+    n = _as_int("rl_config.n_samples_per_prompt",
+                ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
     sections = {
         "megatron_training": _TRAINING_REASONS,
         "actor_config": _TRAINING_REASONS,
@@ -517,8 +553,8 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
                         "prefix; point it at the JSONL/Parquet file you preprocessed"
                     )
             elif top in ("megatron_training", "actor_config") and leaf == "seed":
-                tr.set(key, "actor_config.seed", int(value))
-                tr.set(key, "data.seed", int(value))
+                tr.set(key, "actor_config.seed", _as_int(key, value))
+                tr.set(key, "data.seed", _as_int(key, value))
             elif top in ("megatron_training", "actor_config") and leaf in ("bf16", "fp16"):
                 if value:
                     tr.set(key, "model.dtype", "bfloat16" if leaf == "bf16" else "float16")
@@ -527,20 +563,21 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             elif top == "generate_config" and leaf.startswith("offload_train_") and colocated:
                 tr.set(key, f"actor_config.{leaf}", bool(value))
             elif key == "generate_config.infer_expert_parallel_size":
-                iep = int(value) if gen_in.get("enable_expert_parallel", int(value) > 1) else 1
+                iep = _as_int(key, value)
+                iep = iep if gen_in.get("enable_expert_parallel", iep > 1) else 1
                 tr.set(key, "generate_config.infer_expert_parallel_size", iep)
             elif key == "generate_config.enable_expert_parallel":
                 tr.mapped.append(key)  # with infer_expert_parallel_size above
             elif key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
-                tr.set(key, "actor_config.ppo_max_token_len_per_gpu", int(value))
+                tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
             elif key == "rl_config.use_dynamic_bsz":
                 tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
             elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
-                tr.set(key, key, float(value))
+                tr.set(key, key, _as_float(key, value))
             elif key == "rl_config.filter_groups_enable":
                 tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
             elif top == "rl_config" and leaf == "num_npus":
-                num_npus = int(value)
+                num_npus = _as_int(key, value)
                 tr.mapped.append(key)
             elif top == "rl_config" and leaf in (
                 "n_samples_per_prompt",
@@ -550,8 +587,9 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             ):
                 tr.set(key, f"rl_config.{leaf}", value)
             elif key == "rl_config.mini_batch_size":
-                prompts = int(value)
-                gbs = int(ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
+                prompts = _as_int(key, value)
+                gbs = _as_int("megatron_training.global_batch_size",
+                              ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
                 if gbs and prompts > gbs:
                     tr.notes.append(
                         f"rl_config.mini_batch_size {prompts} > global_batch_size {gbs} prompts: one "
@@ -564,10 +602,10 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
                     f"samples (asp-npu counts samples)"
                 )
             elif key == "rl_config.init_kl_coef":
-                tr.set(key, "rl_config.kl_coef", float(value))
+                tr.set(key, "rl_config.kl_coef", _as_float(key, value))
             elif key == "rl_config.clip_ratio":
-                tr.set(key, "rl_config.clip_ratio_low", float(value))
-                tr.set(key, "rl_config.clip_ratio_high", float(value))
+                tr.set(key, "rl_config.clip_ratio_low", _as_float(key, value))
+                tr.set(key, "rl_config.clip_ratio_high", _as_float(key, value))
             elif key == "rl_config.use_tensorboard":
                 tr.set(
                     key,
@@ -677,11 +715,17 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         raise UserError(
             f"{source}: not a MindSpeed-RL GRPO config (no actor_config / rl_config / generate_config)"
         )
+    for section in ("megatron_training", "actor_config", "rl_config", "generate_config"):
+        if ms.get(section) is not None and not isinstance(ms[section], dict):
+            raise UserError(f"{source}: {section}: expected a mapping, got {type(ms[section]).__name__}")
     refused = _refusal(ms)
     if refused:
         raise UserError(f"{source}: cannot import: {refused}")
     tr = Translation()
-    num_npus, model_name = _translate_keys(ms, tr, mode)
+    try:
+        num_npus, model_name = _translate_keys(ms, tr, mode)
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = None
     for name in names:
@@ -706,7 +750,8 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     if (
         mode not in COLOCATED_MODES
         and "gpu_memory_utilization" in gen_in
-        and gen_in["gpu_memory_utilization"] < 0.9
+        and _as_float(f"{source}: generate_config.gpu_memory_utilization",
+                      gen_in["gpu_memory_utilization"]) < 0.9
     ):
         tr.out.setdefault("generate_config", {})["gpu_memory_utilization"] = 0.9
         tr.notes.append(
@@ -716,6 +761,9 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     card_name = card or card_from_name(str(source)) or "910b"
     if num_npus:
         base = _as_config(tr.out)
+        bad = range_problems(base)  # zero parallel sizes would divide by zero in the layout search
+        if bad:
+            raise UserError(f"{source}: translated {bad[0]}")
         no_split: UserError | None = None
         try:
             _choose_layout(base, num_npus, card_name, mode, tr)

@@ -6,11 +6,13 @@ summary.json), so `asp-npu report RUN_DIR` redraws it after the run, on any mach
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from asp_npu.core import run_dir as rd
+from asp_npu.errors import UserError
 from asp_npu.observe.metrics import (
     E2E_TPS,
     LAG_MAX,
@@ -43,6 +45,34 @@ def _bubbles(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, f
     return {k[len("bubbles/"):]: float(v) for k, v in last.items() if k.startswith("bubbles/")}
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _checked(rows: list[Any], path: Path, keys: tuple[str, ...],
+             optional: bool = False) -> list[dict[str, Any]]:
+    """`rows` of a run file, each an object whose `keys` are numbers (`optional`: or all absent)."""
+    for n, r in enumerate(rows, 1):
+        if not isinstance(r, dict):
+            raise UserError(f"{path}: row {n} is not a JSON object")
+        if optional and not any(k in r for k in keys):
+            continue
+        bad = [k for k in keys if not _number(r.get(k))]
+        if bad:
+            raise UserError(f"{path}: row {n}: '{bad[0]}' is missing or not a number")
+    return rows
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    try:
+        rows = read_metrics(path)
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    return _checked(rows, path, ("step",))
+
+
 def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
     import matplotlib
@@ -51,10 +81,14 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run = rd.RunDir.open(run_path)
-    rows = read_metrics(run / rd.METRICS)
-    queue = run.read_jsonl(rd.QUEUE)
-    samples = run.read_jsonl(rd.SAMPLES)
+    rows = _read_metrics(run / rd.METRICS)
+    queue = _checked(run.read_jsonl(rd.QUEUE), run / rd.QUEUE, ("t", "occupancy"))
+    samples = _checked(run.read_jsonl(rd.SAMPLES), run / rd.SAMPLES, ("step", "policy_version"),
+                       optional=True)
     summary = run.read_summary()
+    for key in ("throughput_tokens_per_s",):
+        if key in summary and not _number(summary[key]):
+            raise UserError(f"{run / rd.SUMMARY}: '{key}' is not a number")
     title = f"{run.path.name}: mode {summary.get('mode', '?')}, max_lag {summary.get('max_lag', '?')}"
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
@@ -127,7 +161,18 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     fig.tight_layout()
     target = Path(out) if out is not None else run / rd.REPORT
     tmp = target.with_name(f".{target.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(target)
+    try:  # temp + fsync + rename: a failed write leaves neither a torn report nor the temp file
+        with open(tmp, "wb") as f:
+            fig.savefig(f, format="png", dpi=90)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{target}: cannot write the report ({exc.strerror or exc})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return target

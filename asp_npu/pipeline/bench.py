@@ -93,18 +93,21 @@ def _mode_config(base: Config, mode: str, seed: int, out_dir: Path) -> Config:
 
 def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, json_path: str | None = None,
               config_path: str | None = None,
-              overrides: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+              overrides: list[str] | None = None,
+              overwrite: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Every mode for every seed (the order rotating per seed), after checking every mode's config.
 
     With `json_path`, the results so far are rewritten after every run, so a later failure keeps what
     was measured. Returns mode -> one run summary per seed.
     """
     from asp_npu.io import check_writable
-    from asp_npu.pipeline.train import prepare_model, train
+    from asp_npu.pipeline.train import check_run_dir, prepare_model, train
 
     kind = "cpu"
-    for m in modes:  # every mode's config is checked before anything starts
+    for m in modes:  # every mode's config and run directory is checked before anything starts
         kind = preflight(_mode_config(base, m, seeds[0], out_dir))
+        for seed in seeds:
+            check_run_dir(_mode_config(base, m, seed, out_dir), overwrite)
     if json_path:
         check_writable(json_path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +127,7 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
         for mode in order:
             cfg = _mode_config(base, mode, seed, out_dir)
             t0 = time.time()
-            summary = train(cfg, kind, console=True, label=f"{mode} s{seed}")
+            summary = train(cfg, kind, console=True, label=f"{mode} s{seed}", overwrite=overwrite)
             summary.update(seed=seed, run_dir=cfg.trainer.run_dir)
             runs[mode].append(summary)
             if json_path:  # after every run, so a later failure keeps what was measured

@@ -64,22 +64,16 @@ class Fleet:
 
     def start(self, warmup: PromptItem) -> None:
         """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
-        import ray
-
-        from asp_npu.device import loopback_env
+        from asp_npu.device import init_ray
         from asp_npu.pipeline.queue_actor import make_queue_actor
         from asp_npu.rollout.instance import launch_instances
         from asp_npu.trainer.group import TrainerGroup
 
         sh, gen = self.shape, self.cfg.generate_config
-        if self.kind == "cpu":
-            for k, v in loopback_env().items():
-                os.environ.setdefault(k, v)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-        if not ray.is_initialized():
-            ray.init(num_cpus=sh.instances * sh.infer_tp + sh.trainer_world + 1, include_dashboard=False,
-                     log_to_driver=True, logging_level="warning")
+        if init_ray(sh.instances * sh.infer_tp + sh.trainer_world + 1, self.cfg.trainer.nnodes <= 1,
+                    log_to_driver=True, logging_level="warning"):
             self._owns_ray = True
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
                                       self.mode.queue_order)

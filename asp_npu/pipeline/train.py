@@ -15,6 +15,7 @@ from typing import Any
 
 from asp_npu.config import Config, to_dict
 from asp_npu.core import run_dir as rd
+from asp_npu.errors import UserError
 
 
 def config_yaml(cfg: Config) -> str:
@@ -55,18 +56,47 @@ def warm_start(cfg: Config, run: rd.RunDir) -> None:
     cfg.model.path = str(out)
 
 
-def train(cfg: Config, kind: str, console: bool = True, label: str = "") -> dict[str, Any]:
-    """One training run into `trainer.run_dir` (config already preflighted); returns the run summary."""
+def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
+    """Refuse (UserError) a `trainer.run_dir` the run may not use, before anything is built.
+    A run resuming from `actor_config.load` keeps the checkpoints it finds there."""
+    problem = rd.RunDir.reuse_problem(cfg.trainer.run_dir, overwrite,
+                                      keep_checkpoints=bool(cfg.actor_config.load))
+    if problem:
+        raise UserError(problem)
+
+
+def load_run_prompts(cfg: Config) -> list[Any]:
+    """The run's prompts (data section); none at all is a UserError, raised before the instances start."""
     from asp_npu.data.datasets import config_prompts
+
+    prompts = config_prompts(cfg.data)
+    if not prompts:
+        data = cfg.data
+        where = f"data.data_path '{data.data_path}'" if data.data_path else f"data.task '{data.task}'"
+        raise UserError(f"{where}: no prompts")
+    return prompts
+
+
+def train(cfg: Config, kind: str, console: bool = True, label: str = "",
+          overwrite: bool = False) -> dict[str, Any]:
+    """One training run into `trainer.run_dir` (config already preflighted); returns the run summary.
+
+    The run directory is checked first and only cleared once the prompts have loaded, so a bad data
+    path or an existing run costs one line and leaves the previous run as it was (`overwrite`:
+    replace a previous run's checkpoints)."""
     from asp_npu.observe.report import draw_report
     from asp_npu.pipeline.controller import Controller
 
+    check_run_dir(cfg, overwrite)
+    prompts = load_run_prompts(cfg)
     prepare_model(cfg)
+    from asp_npu.data.init_model import check_model_dir
+
+    check_model_dir(cfg.model.path)  # a torn config.json costs one line, before the run directory
     # resuming into the same run directory must not clear the checkpoint it resumes from
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
-                           keep_checkpoints=bool(cfg.actor_config.load))
+                           keep_checkpoints=bool(cfg.actor_config.load), overwrite=overwrite)
     warm_start(cfg, run)
-    prompts = config_prompts(cfg.data)
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
     try:
         ctl.start()

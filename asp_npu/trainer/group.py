@@ -1,9 +1,10 @@
 """The trainer as a Ray actor group: one actor per megatron rank, driven as a single object.
 
 The layout is validated on the driver from the HF `config.json` before any actor starts. Rank 0
-picks the rendezvous address (its node's IP; 127.0.0.1 in single-machine CPU mode, where
-`device.loopback_env()` is in force) and a free port; all ranks then initialise the process group
-together. Every call fans out to all ranks (they are SPMD) and returns rank 0's answer.
+picks the rendezvous address (its node's IP; 127.0.0.1 in single-machine mode, where
+`device.init_ray` puts `device.loopback_env()` in force) and a free port; all ranks then initialise
+the process group together (on loopback through a file, so no store listens on the network). Every
+call fans out to all ranks (they are SPMD) and returns rank 0's answer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from asp_npu.config import Config
 from asp_npu.trainer.convert import HFWeights
 from asp_npu.trainer.features import check_features
-from asp_npu.trainer.parallel import ModelDims, check_layout
+from asp_npu.trainer.parallel import ModelDims, check_layout, rendezvous_file
 from asp_npu.types import TrainBatch
 
 
@@ -29,7 +30,9 @@ class TrainerRank:
         from asp_npu.trainer.parallel import free_port
 
         ip = ray.util.get_node_ip_address()
-        return ip, free_port(ip)
+        port = free_port(ip)
+        rendezvous_file(ip, port, fresh=True)  # a loopback group meets in a file (parallel.init_parallel)
+        return ip, port
 
     def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int) -> None:
         from asp_npu.trainer.worker import TrainerWorker
@@ -57,16 +60,15 @@ class TrainerGroup:
         self.layout = check_layout(dims, tp, pp, dp, self.world_size)  # before any actor exists
         check_features(dims, act)
         kind = device.detect(cfg.trainer.device)
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(num_cpus=max(self.world_size, device.available_devices("cpu")), include_dashboard=False,
-                     log_to_driver=True)
+        self._owns_ray = device.init_ray(max(self.world_size, device.available_devices("cpu")),
+                                         cfg.trainer.nnodes <= 1, log_to_driver=True)
         opts = device.trainer_actor_options(kind)
         if cpus_per_rank is not None:
             opts["num_cpus"] = cpus_per_rank
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**opts).remote() for _ in range(self.world_size)]
         addr, port = ray.get(self.actors[0].rendezvous.remote())
+        self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
         ray.get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)])
         self.version = 0
 
@@ -132,5 +134,8 @@ class TrainerGroup:
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
+            rdzv = getattr(self, "_rendezvous", None)
+            if rdzv is not None:
+                rdzv.unlink(missing_ok=True)
             if self._owns_ray:
                 ray.shutdown()

@@ -174,6 +174,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def rendezvous_file(master_addr: str, master_port: int, fresh: bool = False) -> Path | None:
+    """Where ranks on one machine meet: a file in the temp folder (None for a network address).
+
+    torch's TCPStore server listens on every interface whatever address it is given, so a loopback
+    group rendezvouses through a FileStore instead (gloo then binds to GLOO_SOCKET_IFNAME=lo).
+    `fresh`: remove a stale file a crashed run left under the same port (rank 0, before any rank starts).
+    """
+    import ipaddress
+    import os
+    import tempfile
+
+    try:
+        if not ipaddress.ip_address(master_addr).is_loopback:
+            return None
+    except ValueError:
+        if master_addr != "localhost":
+            return None
+    path = Path(tempfile.gettempdir()) / f"asp_npu_rdzv_{os.getuid()}_{master_port}"
+    if fresh:
+        path.unlink(missing_ok=True)
+    return path
+
+
 def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, master_port: int,
                   seed: int, timeout_s: float = 600.0) -> None:
     """torch.distributed + megatron parallel_state + megatron's model-parallel RNG, on one rank.
@@ -184,7 +207,9 @@ def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, mas
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+        rdzv = rendezvous_file(master_addr, master_port)
+        init_method = f"file://{rdzv}" if rdzv else f"tcp://{master_addr}:{master_port}"
+        dist.init_process_group(backend=backend, init_method=init_method,
                                 rank=rank, world_size=layout.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     set_layout(layout, seed)
