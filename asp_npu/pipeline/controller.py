@@ -95,9 +95,12 @@ class Controller:
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.fleet.close()
-        self.recorder.close()
+        """Never hangs: a trainer step still running is abandoned (its actors are killed by the fleet)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.fleet.close()
+        finally:
+            self.recorder.close()
 
     # ------------------------------------------------------------------ planning and dispatch
     def _tok(self) -> Any:

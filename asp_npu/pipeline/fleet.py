@@ -15,9 +15,12 @@ from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
+from asp_npu.remote import CALL_S, get, kill_quietly
 from asp_npu.types import PromptItem
 
 WARMUP_S = 120.0
+QUEUE = "the TrainQueue actor"
+PAUSE_S = 600.0 + CALL_S  # a pause drains running sequences (`vllm_engine.DRAIN_S`), then answers
 
 
 class Fleet:
@@ -115,8 +118,6 @@ class Fleet:
     def _warm_up(self, base: PromptItem) -> None:
         """One short generation per instance before the clock starts: the first generate of a vLLM
         process pays a one-off warm-up (seconds on CPU) that would otherwise land on iteration 1."""
-        import ray
-
         from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
 
         refs = []
@@ -124,29 +125,30 @@ class Fleet:
         for i, inst in enumerate(self.instances):
             item = PromptItem(f"{WARMUP_PREFIX}{i}@0", base.prompt_token_ids, base.text, base.ground_truth,
                               {**base.meta, "epoch": 0})
-            ray.get(inst.add_prompts.remote([item]))
-            ray.get(inst.submit_units.remote([_wire(Unit(-1 - i, -1, (item.prompt_id,), n))]))
+            get(inst.add_prompts.remote([item]), CALL_S, self.name(i), "warm-up prompt")
+            unit = _wire(Unit(-1 - i, -1, (item.prompt_id,), n))
+            get(inst.submit_units.remote([unit]), CALL_S, self.name(i), "warm-up unit")
             refs.append(inst.wait_idle.remote(WARMUP_S))
-        ray.get(refs)
+        get(refs, WARMUP_S + CALL_S, self.names(), "warm-up")
 
     # ---------------------------------------------------------------- the actors, as the loop needs them
-    def add_prompts(self, items: list[PromptItem]) -> None:
-        import ray
+    def name(self, i: int) -> str:
+        return f"rollout instance {i}"
 
-        ray.get([a.add_prompts.remote(items) for a in self.instances])
+    def names(self) -> list[str]:
+        return [self.name(i) for i in range(len(self.instances))]
+
+    def add_prompts(self, items: list[PromptItem]) -> None:
+        get([a.add_prompts.remote(items) for a in self.instances], CALL_S, self.names(), "add_prompts")
 
     def submit(self, i: int, unit: Unit) -> None:
         self.instances[i].submit_units.remote([_wire(unit)])
 
     def admit(self, unit: Unit, version: int) -> bool:
-        import ray
-
-        return bool(ray.get(self.queue.admit.remote(list(unit.groups), version)))
+        return bool(get(self.queue.admit.remote(list(unit.groups), version), CALL_S, QUEUE, "admit"))
 
     def take_batch(self, timeout: float) -> Minibatch | None:
-        import ray
-
-        return ray.get(self.queue.get_batch.remote(timeout))
+        return get(self.queue.get_batch.remote(timeout), timeout + CALL_S, QUEUE, "get_batch")
 
     def next_arrivals(self, since: int, timeout: float, also: list[Any]) -> list[Arrival]:
         """Arrivals after index `since`: blocks until one comes, the trainer wakes the queue, one of
@@ -158,7 +160,7 @@ class Fleet:
         ready, _ = ray.wait([self._arrivals_ref, *also], num_returns=1, timeout=timeout)
         if self._arrivals_ref not in ready:
             return []
-        rows, self._wakes = ray.get(self._arrivals_ref)
+        rows, self._wakes = get(self._arrivals_ref, CALL_S, QUEUE, "wait_arrivals")
         self._arrivals_ref = None
         return rows
 
@@ -166,49 +168,43 @@ class Fleet:
         self.queue.wake.remote()
 
     def pause(self) -> None:
-        import ray
-
-        ray.get([a.pause.remote() for a in self.instances])
+        get([a.pause.remote() for a in self.instances], PAUSE_S, self.names(), "pause")
 
     def resume(self) -> None:
-        import ray
-
-        ray.get([a.resume.remote() for a in self.instances])
+        get([a.resume.remote() for a in self.instances], CALL_S, self.names(), "resume")
 
     def stats(self) -> list[dict[str, Any]]:
-        import ray
-
-        return ray.get([a.stats.remote() for a in self.instances])
+        return get([a.stats.remote() for a in self.instances], CALL_S, self.names(), "stats")
 
     def series(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.queue.series.remote())
+        return get(self.queue.series.remote(), CALL_S, QUEUE, "series")
 
     def queue_state(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.queue.state.remote())
+        return get(self.queue.state.remote(), CALL_S, QUEUE, "state")
 
     def close(self) -> None:
+        """Never hangs, never raises: each part gets a bounded, best-effort shutdown, then is killed;
+        the queue actor and Ray always go down."""
         import ray
 
-        if self.instances:
-            try:
-                ray.get([a.shutdown.remote() for a in self.instances], timeout=60)
-            except Exception:  # noqa: BLE001 - best effort; the actors are killed below anyway
-                pass
-            for a in self.instances:
-                ray.kill(a)
-            self.instances = []
-        if self.trainer is not None:
-            self.trainer.shutdown()
-            self.trainer = None
-        if self.queue is not None:
-            ray.kill(self.queue)
-            self.queue = None
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        try:
+            if self.instances:
+                try:
+                    get([a.shutdown.remote() for a in self.instances], CALL_S, self.names(), "shutdown")
+                except Exception:  # noqa: BLE001 - best effort; the actors are killed below anyway
+                    pass
+                for a in self.instances:
+                    kill_quietly(a)
+                self.instances = []
+            if self.trainer is not None:
+                self.trainer.shutdown()
+                self.trainer = None
+        finally:
+            if self.queue is not None:
+                kill_quietly(self.queue)
+                self.queue = None
+            if self._owns_ray and ray.is_initialized():
+                ray.shutdown()
 
 
 def _wire(unit: Unit) -> Any:
