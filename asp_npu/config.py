@@ -150,6 +150,10 @@ class RLConfig:
     global_batch_size: int = 0  # prompts per iteration (MindSpeed-RL megatron_training); 0 = one minibatch
     plan_cost_a: float = 0.0535  # planner cost model: seconds per decode step (see asp_npu.schedule.cost)
     plan_cost_b: float = 0.00035  # planner cost model: seconds per running sequence per step
+    # failures (asp_npu.core.recovery): an instance with work that delivers nothing this long is hung
+    # (restarted, its groups re-dispatched); a failed request is generated again at most this often
+    instance_timeout_s: float = 600.0
+    max_request_retries: int = 2
 
 
 @dataclass
@@ -158,7 +162,8 @@ class TrainerConfig:
 
     train_iters: int = 10
     run_dir: str = "runs/latest"
-    save_freq: int = 0  # 0 = only at the end
+    save_freq: int = 10  # checkpoint at the first resumable step (an iteration and weight-refresh
+    # boundary) at least this many steps after the previous one; 0 = only at the end; < 0 = never
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
@@ -248,7 +253,18 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
+    problems += _failure_problems(rl)
     return problems
+
+
+def _failure_problems(rl: RLConfig) -> list[str]:
+    """The failure-handling keys (issue 15), kept together."""
+    out = []
+    if not rl.instance_timeout_s > 0:
+        out.append(f"rl_config.instance_timeout_s: must be > 0 seconds (got {rl.instance_timeout_s})")
+    if rl.max_request_retries < 0:
+        out.append(f"rl_config.max_request_retries: must be >= 0 (got {rl.max_request_retries})")
+    return out
 
 
 def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:

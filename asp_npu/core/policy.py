@@ -168,4 +168,4 @@ class DispatchPolicy:
         return unit
 
     def planned_samples(self) -> int:
-        return sum(u.num_samples for u in self.units.values())
+        return sum(self.units[uid].group_size for uid in self.group_unit.values())  # retries not twice

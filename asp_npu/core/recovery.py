@@ -9,6 +9,7 @@ driver then treats it as lost (`DispatchPolicy.lost`), exactly like an instance 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -43,11 +44,12 @@ class Watchdog:
     since: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.since = [0.0] * self.instances
+        self.since = [float("nan")] * self.instances  # not watched yet: the first look starts the clock
 
     def progressed(self, i: int, now: float) -> None:
         self.since[i] = now
 
     def hung(self, busy: list[bool], now: float) -> list[int]:
         """Instances with work that made no progress for `timeout_s` (idle ones are never hung)."""
+        self.since = [now if math.isnan(s) else s for s in self.since]
         return [i for i in range(self.instances) if busy[i] and now - self.since[i] > self.timeout_s]

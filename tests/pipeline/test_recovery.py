@@ -121,6 +121,7 @@ def test_retries_are_bounded_and_the_watchdog_spots_a_silent_busy_instance():
     assert r.failed("g", "e1") and r.failed("g", "e2") and not r.failed("g", "e3")
     assert r.given_up == {"g": "e3"} and r.retried == 2
     w = Watchdog(2, timeout_s=10.0)
+    assert w.hung([True, True], 1e9) == []  # the first look starts the clock
     w.progressed(0, 100.0)
     w.progressed(1, 100.0)
     assert w.hung([True, False], 105.0) == []
