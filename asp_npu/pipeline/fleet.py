@@ -16,7 +16,7 @@ from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
-from asp_npu.remote import CALL_S, ActorFailure, ActorTimeout, get, kill_quietly
+from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
 
 WARMUP_S = 120.0
@@ -150,8 +150,12 @@ class Fleet:
         """Give `items` to every live instance (a restarting one gets them all when it is up)."""
         self.items += items
         live = [i for i in range(len(self.instances)) if i not in down and i not in self.starting]
-        get([self.instances[i].add_prompts.remote(items) for i in live], CALL_S,
-            [self.name(i) for i in live], "add_prompts")
+        refs = [(i, self.instances[i].add_prompts.remote(items)) for i in live]
+        for i, ref in refs:
+            try:
+                get(ref, CALL_S, self.name(i), "add_prompts")
+            except ActorLost:
+                pass  # the health check finds it; its replacement gets every prompt
 
     def submit(self, i: int, unit: Unit) -> None:
         self.instances[i].submit_units.remote([_wire(unit)])

@@ -63,7 +63,7 @@ class Supervisor:
         for i in c.fleet.started():
             self._loaded(i)
         w = c.weights
-        for i in [i for i in self.rejoining if i not in c.fleet.starting and w.held[i] == w.published]:
+        for i in [i for i in self.rejoining if i not in c.fleet.starting and w.held[i] >= 0]:
             self._rejoin(i)  # its load finished in a poll that another lost instance interrupted
 
     def arrived(self, instance: int, t: float) -> None:
@@ -88,7 +88,7 @@ class Supervisor:
               "restarting it", flush=True)
 
     def _loaded(self, i: int) -> None:
-        """Instance i's replacement is up: load the current weights (it rejoins when they are in)."""
+        """Instance i's replacement is up: load the newest weights (it rejoins when they are in)."""
         w = self.ctrl.weights
         if getattr(w, "_ref", None) is None:  # nothing published yet: it holds the initial weights
             self._rejoin(i)
@@ -97,7 +97,9 @@ class Supervisor:
         w.refresh()
 
     def refreshed(self, r: Refreshed) -> None:
-        if r.instance in self.rejoining and self.ctrl.weights.held[r.instance] == self.ctrl.weights.published:
+        """A replacement rejoins with the first weights it loads (admission holds it to the lag bound
+        at the version it holds, like any instance behind the newest weights)."""
+        if r.instance in self.rejoining:
             self._rejoin(r.instance)
 
     def _rejoin(self, i: int) -> None:
@@ -127,5 +129,6 @@ class Supervisor:
     def summary(self) -> dict[str, Any]:
         rec = [r["recovery_s"] for r in self.recoveries]
         return {"instances_lost": self.lost_count, "recoveries": self.recoveries,
-                "recovery_s_max": max(rec, default=0.0), "requests_retried": self.retries.retried,
+                "recovery_s_max": max(rec, default=0.0), "still_restarting": sorted(self.rejoining),
+                "requests_retried": self.retries.retried,
                 "requests_given_up": len(self.retries.given_up)}
