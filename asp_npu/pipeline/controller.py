@@ -216,6 +216,7 @@ class Controller:
         self.recorder.start(time.time(), self.step)
         (self._run_sync if self.mode.colocated else self._run_async)()
         t_end = time.time()
+        self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
             self.fleet.trainer.save(str(self.run_dir.checkpoints / "final"))
         stats = self.fleet.stats()

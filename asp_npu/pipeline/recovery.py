@@ -90,6 +90,7 @@ class Supervisor:
     def _loaded(self, i: int) -> None:
         """Instance i's replacement is up: load the newest weights (it rejoins when they are in)."""
         w = self.ctrl.weights
+        self.ctrl.recorder.event("instance_restarted", instance=i, restart_s=time.time() - self.rejoining[i])
         if getattr(w, "_ref", None) is None:  # nothing published yet: it holds the initial weights
             self._rejoin(i)
             return
@@ -117,6 +118,17 @@ class Supervisor:
                 return self.ctrl.weights.poll()
             except ActorLost as exc:
                 self.lose(int(exc.who.rsplit(" ", 1)[-1]), "actor died (weight load)")
+
+    def settle(self, timeout: float = 600.0) -> None:
+        """At the end of the run, wait (bounded) for replacements still starting to rejoin, so the fleet
+        is whole again and every recovery is measured."""
+        deadline = time.time() + timeout
+        while self.rejoining and time.time() < deadline:
+            self.check()
+            for r in self.poll_refreshes():
+                self.ctrl.recorder.refreshed(r)
+                self.refreshed(r)
+            time.sleep(0.2)
 
     def progress_guard(self, last_progress: float) -> None:
         """Stop with one line when the whole pipeline made no progress for `trainer.stall_timeout_s`."""

@@ -1,8 +1,9 @@
 """Chaos on CPU with the real engines and trainer: a rollout instance is killed mid-window.
 
 Two vLLM instances, one megatron-core rank, the ASP mode; once the first group arrived, instance 0
-is killed (`ray.kill`) while it generates (the lag bound keeps generation paced by the trainer, so
-work is left for its replacement to rejoin). The run must complete, with every planned
+is killed (`ray.kill`) while it generates. Its replacement rejoins during the run or, when the
+survivor finished the work first, before the run ends (`Supervisor.settle`), so the recovery is
+always measured. The run must complete, with every planned
 (prompt, sample) generated and consumed exactly once (from `samples.jsonl`), the lag bound held, and
 the loss and the recovery in the summary and in `run_log.jsonl`.
 """
@@ -43,7 +44,7 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path)
     from asp_npu.pipeline.controller import Controller
 
     model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
-    cfg = load_config("configs/cpu_tiny.yaml", [f"model.path={model}", *OVERRIDES, "trainer.train_iters=16",
+    cfg = load_config("configs/cpu_tiny.yaml", [f"model.path={model}", *OVERRIDES, "trainer.train_iters=8",
                                                 "generate_config.num_instances=2", "trainer.logger=[jsonl]",
                                                 f"trainer.run_dir={tmp_path / 'run'}"])
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
@@ -58,15 +59,16 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path)
         ctl.close()
     assert "t_kill" in killed, "instance 0 never held work after the first step"
     fail = summary["failures"]
-    assert fail["instances_lost"] == 1 and len(fail["recoveries"]) == 1 and fail["requests_given_up"] == 0
-    assert summary["steps"] == 48  # 16 iterations x 6 prompts x 4 samples in steps of 8
+    log = [json.loads(line) for line in (run / RUN_LOG).read_text().splitlines()]
+    assert fail["instances_lost"] == 1 and len(fail["recoveries"]) == 1 and fail["requests_given_up"] == 0, (
+        fail, log, killed, summary["wall_s"])
+    assert summary["steps"] == 24  # 8 iterations x 6 prompts x 4 samples in steps of 8
     samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
     consumed = [(f"{s['prompt_id']}@{s['epoch']}", s["sample_idx"]) for s in samples]
     planned = _planned(run.path)
-    assert len(consumed) == len(set(consumed)) == len(planned) == 384
+    assert len(consumed) == len(set(consumed)) == len(planned) == 192
     assert sorted(consumed) == sorted(planned)
     assert all(0 <= s["step"] - s["policy_version"] <= summary["max_lag"] for s in samples)
-    log = [json.loads(line) for line in (run / RUN_LOG).read_text().splitlines()]
     lost, back = (next(r for r in log if r["event"] == e) for e in ("instance_lost", "instance_recovered"))
     assert lost["instance"] == back["instance"] == 0 and lost["t"] >= killed["t_kill"]
     assert back["recovery_s"] > 0
