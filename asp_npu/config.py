@@ -161,6 +161,10 @@ class RLConfig:
     # --- partial rollout (issue 17; see partial_rollout_problems) ---
     partial_rollout: bool = False  # lag counted from a group's newest weights (simulator today)
     max_token_lag: int | None = None  # bound on every token's lag under partial rollout (None: 4 x max_lag)
+    # failures (asp_npu.core.recovery): an instance with work that delivers nothing this long is hung
+    # (restarted, its groups re-dispatched); a failed request is generated again at most this often
+    instance_timeout_s: float = 600.0
+    max_request_retries: int = 2
 
 
 @dataclass
@@ -169,7 +173,8 @@ class TrainerConfig:
 
     train_iters: int = 10
     run_dir: str = "runs/latest"
-    save_freq: int = 0  # 0 = only at the end
+    save_freq: int = 10  # checkpoint at the first resumable step (an iteration and weight-refresh
+    # boundary) at least this many steps after the previous one; 0 = only at the end; < 0 = never
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
@@ -265,6 +270,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "trainer.train_iters": AT_LEAST_1,
     "trainer.nnodes": AT_LEAST_1,
     "trainer.stall_timeout_s": POSITIVE,
+    "rl_config.instance_timeout_s": POSITIVE,  # max_request_retries: the default range (>= 0)
     "sft.batch_size": AT_LEAST_1,
     "sft.num_examples": AT_LEAST_1,
     "sft.max_items": AT_LEAST_1,

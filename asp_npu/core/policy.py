@@ -9,16 +9,25 @@ for an instance, the driver may plan the next window (`plan_next`) and the insta
 
 The driver injects its side effects (`Ports`): the Ray controller's queue actor and instances, or plain
 functions in tests.
+
+Failures: `lost(i)` takes a dead (or hung) instance out of dispatch and returns its groups not yet
+delivered; the driver cancels them in the TrainQueue and hands the cancelled ones to `redispatch`,
+which makes them new units served before the feed to any live instance (each group exactly once:
+a group arrives once, and one that arrived meanwhile is not cancelled, so not sent again); `back(i)`
+lets the restarted instance take work again.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from asp_npu.core.feed import Feed
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Unit
+
+RETRY_UID = 1 << 40  # uids of re-dispatched units (the planner counts from 0)
 
 
 @dataclass
@@ -42,9 +51,57 @@ class DispatchPolicy:
     submitted_to: dict[int, int] = field(default_factory=dict)
     done_groups: dict[int, int] = field(default_factory=dict)
     inflight: list[set[int]] = field(default_factory=list)
+    arrived_groups: set[Hashable] = field(default_factory=set)
+    down: set[int] = field(default_factory=set)  # lost instances, not taking work until `back`
+    retry: deque[Unit] = field(default_factory=deque)  # re-dispatched groups, served before the feed
+    next_retry_uid: int = RETRY_UID
 
     def __post_init__(self) -> None:
         self.inflight = [set() for _ in range(self.instances)]
+
+    # ------------------------------------------------------------------ failures
+    def lost(self, i: int) -> list[Hashable]:
+        """Instance i is gone: it takes no work until `back(i)`; returns its groups not delivered."""
+        self.down.add(i)
+        missing = [g for uid in sorted(self.inflight[i]) for g in self.units[uid].groups
+                   if g not in self.arrived_groups and self.group_unit[g] == uid]
+        self.inflight[i] = set()
+        return missing
+
+    def redispatch(self, groups: list[Hashable]) -> list[Unit]:
+        """New units (one per group) for groups cancelled in the queue, served before the feed."""
+        out = []
+        for g in groups:
+            old = self.units[self.group_unit[g]]
+            u = Unit(self.next_retry_uid, old.window, (g,), old.group_size)
+            self.next_retry_uid += 1
+            self.units[u.uid] = u
+            self.group_unit[g] = u.uid
+            self.retry.append(u)
+            out.append(u)
+            self._settle(old)
+        return out
+
+    def _settle(self, unit: Unit) -> None:
+        """A unit leaves its instance's in-flight set once each of its groups arrived or moved away."""
+        if unit.uid in self.submitted_to and all(
+                g in self.arrived_groups or self.group_unit[g] != unit.uid for g in unit.groups):
+            self.inflight[self.submitted_to[unit.uid]].discard(unit.uid)
+
+    def back(self, i: int) -> None:
+        self.down.discard(i)
+
+    def busy(self) -> list[bool]:
+        return [bool(s) for s in self.inflight]
+
+    def _next(self, i: int, ports: Ports) -> tuple[Unit | None, bool]:
+        """Instance i's next unit and whether it is a retry."""
+        if self.retry:
+            return self.retry[0], True
+        unit = self.feed.peek(i)
+        if unit is None and ports.plan_next():
+            unit = self.feed.peek(i)
+        return unit, False
 
     def add_window(self, units: list[Unit]) -> None:
         for u in units:
@@ -59,6 +116,8 @@ class DispatchPolicy:
                    for u in self.inflight[i])
 
     def room(self, i: int) -> bool:
+        if i in self.down:
+            return False
         if self.mode.admission == "unit":
             return len(self.inflight[i]) <= self.mode.lookahead_units
         return self.mode.colocated or self.outstanding(i) < 2 * self.slots
@@ -76,19 +135,21 @@ class DispatchPolicy:
             if not cands:
                 return sent
             i = min(cands, key=lambda j: (self.outstanding(j), j))
-            unit = self.feed.peek(i)
-            if unit is None and ports.plan_next():
-                unit = self.feed.peek(i)
+            unit, is_retry = self._next(i, ports)
             if unit is None:
                 ports.blocked(i, False)
                 done.add(i)
             elif not ports.admit(unit, i):
-                self.feed.refused(unit)
+                if not is_retry:
+                    self.feed.refused(unit)
                 ports.blocked(i, not self.inflight[i])
                 done.add(i)
             else:
                 ports.blocked(i, False)
-                self.feed.take(unit)
+                if is_retry:
+                    self.retry.popleft()
+                else:
+                    self.feed.take(unit)
                 self.submitted_to[unit.uid] = i
                 ports.submit(i, unit)
                 self.inflight[i].add(unit.uid)
@@ -96,13 +157,15 @@ class DispatchPolicy:
 
     def arrived(self, group: Hashable) -> Unit:
         """A group finished: its unit leaves its instance's in-flight set once all its groups are back."""
+        if group in self.arrived_groups:
+            raise ValueError(f"group {group!r} arrived twice")
+        self.arrived_groups.add(group)
         uid = self.group_unit[group]
         self.feed.done(group)
         self.done_groups[uid] = self.done_groups.get(uid, 0) + 1
         unit = self.units[uid]
-        if self.done_groups[uid] == len(unit.groups):
-            self.inflight[self.submitted_to[uid]].discard(uid)
+        self._settle(unit)
         return unit
 
     def planned_samples(self) -> int:
-        return sum(u.num_samples for u in self.units.values())
+        return sum(self.units[uid].group_size for uid in self.group_unit.values())  # retries not twice

@@ -22,6 +22,7 @@ resume + refresh. What the run produced goes to the run directory (`recorder.py`
 from __future__ import annotations
 
 import copy
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -38,6 +39,7 @@ from asp_npu.core.window import WindowPlanner, window_stream
 from asp_npu.errors import UserError
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
+from asp_npu.pipeline.recovery import Supervisor
 from asp_npu.pipeline.weights import ObjectStoreWeights, WeightSync, refresh_all_and_wait
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
@@ -74,10 +76,12 @@ class Controller:
         self.next_window = 0
         self.step = 0  # trainer steps done = the weights version the trainer holds
         self.base = 0  # step a resumed run continues after (`actor_config.load`); the ledger counts from it
+        self.saved = 0  # step of the last checkpoint
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
+        self.supervisor = Supervisor(self)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -89,15 +93,18 @@ class Controller:
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         load = self.cfg.actor_config.load
         if load:  # the predictor starts cold (its history is not checkpointed)
-            self.step = self.base = int(self.fleet.trainer.load(load)["step"])
+            self.step = self.base = self.saved = int(self.fleet.trainer.load(load)["step"])
             self.next_window = self.step // self.shape.steps_per_window
             self._publish()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.fleet.close()
-        self.recorder.close()
+        """Never hangs: a trainer step still running is abandoned (its actors are killed by the fleet)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.fleet.close()
+        finally:
+            self.recorder.close()
 
     # ------------------------------------------------------------------ planning and dispatch
     def _tok(self) -> Any:
@@ -129,7 +136,7 @@ class Controller:
         wp.plan.write_json(self.run_dir.plans / f"window_{w:04d}.json")
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
-        self.fleet.add_prompts(items)
+        self.fleet.add_prompts(items, self.policy.down)
         return True
 
     def _ledger_version(self, weights_step: int) -> int:
@@ -142,7 +149,7 @@ class Controller:
         held = self.weights.held
 
         def admit(unit: Unit, i: int) -> bool:
-            return self.fleet.admit(unit, self._ledger_version(held[i]))
+            return self.fleet.admit(unit, self._ledger_version(held[i]), i)
 
         def blocked(i: int, on: bool) -> None:
             self.recorder.instances[i].set_blocked(now, on)
@@ -156,11 +163,13 @@ class Controller:
         returns the new arrivals. The control plane shares the cores with rollout and training on CPU,
         so it sleeps between events rather than polling."""
         assert self.weights is not None
-        rows = self.fleet.next_arrivals(self.arrivals_seen, timeout, self.weights.pending())
+        rows, failures = self.fleet.next_arrivals(self.arrivals_seen, timeout, self.weights.pending())
         self.arrivals_seen += len(rows)
         self.recorder.arrived_tokens += sum(r.tokens for r in rows)
+        self.supervisor.failed(failures)
         for r in rows:
             self.policy.arrived(r.group)
+            self.supervisor.arrived(r.instance, r.t)
             key = r.key
             for n in r.lens:
                 self.predictor.observe(key.prompt_id, key.epoch, int(n), int(r.prompt_len))
@@ -175,9 +184,10 @@ class Controller:
         self.recorder.trainer.paused.append((g.t0, g.t1))
 
     def _poll_refreshes(self) -> None:
-        assert self.weights is not None
-        for r in self.weights.poll():
+        self.supervisor.check()
+        for r in self.supervisor.poll_refreshes():
             self.recorder.refreshed(r)
+            self.supervisor.refreshed(r)
 
     def _train(self, mb: Minibatch, gather: bool = False) -> tuple[dict[str, float], float, float, Any]:
         """One trainer step; with `gather`, also the new weights for a refresh (same thread, in order)."""
@@ -195,29 +205,24 @@ class Controller:
 
     def _log_and_save(self, row: dict[str, Any]) -> None:
         self.recorder.log(self.step, row)
-        f = self.cfg.trainer.save_freq
-        if f > 0 and self.step % f == 0 and self.step < self.shape.total_steps:
+        f, sh = self.cfg.trainer.save_freq, self.shape
+        resumable = self.step % math.lcm(sh.steps_per_window, sh.steps_per_version) == 0
+        if f > 0 and resumable and self.step - self.saved >= f and self.step < sh.total_steps:
             self.fleet.trainer.save(str(self.run_dir.checkpoints / f"step_{self.step:06d}"))
-
-    def _progress_guard(self, last_progress: float) -> None:
-        timeout = self.cfg.trainer.stall_timeout_s
-        if time.time() - last_progress > timeout:
-            errors = [e["error"] for s in self.fleet.stats() for e in s["errors"]]
-            state = self.fleet.queue_state()
-            raise UserError(f"pipeline made no progress for {timeout:.0f}s (queue {state}); "
-                            f"instance errors: {errors[:3] or 'none'}")
+            self.saved = self.step
 
     # ------------------------------------------------------------------ the loops
     def run(self) -> dict[str, Any]:
         self.recorder.start(time.time(), self.step)
         (self._run_sync if self.mode.colocated else self._run_async)()
         t_end = time.time()
+        self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
             self.fleet.trainer.save(str(self.run_dir.checkpoints / "final"))
         stats = self.fleet.stats()
         labels = {u.uid: f"w{u.window}/u{u.uid}" for u in self.policy.units.values()}
-        planned = {"planned_groups": len(self.policy.group_unit),
-                   "planned_samples": self.policy.planned_samples(), "windows": self.plan_summaries}
+        planned = {"planned_groups": len(self.policy.group_unit), "windows": self.plan_summaries,
+                   "planned_samples": self.policy.planned_samples(), "failures": self.supervisor.summary()}
         summary = self.recorder.finish(stats, self.fleet.series(), t_end, self.step, labels,
                                        self.fleet.placement_summary(), planned)
         errors = [e for s in stats for e in s["errors"]]
@@ -253,7 +258,7 @@ class Controller:
                     self.weights.refresh()
                 self._log_and_save(row)
                 waited_from = last_progress = time.time()
-            self._progress_guard(last_progress)
+            self.supervisor.progress_guard(last_progress)
 
     def _run_sync(self) -> None:
         """MindSpeed-RL integrated worker: generate a whole window, pause engines, train all its steps."""
@@ -273,7 +278,7 @@ class Controller:
                 if rows:
                     got += len(rows)
                     last_progress = time.time()
-                self._progress_guard(last_progress)
+                self.supervisor.progress_guard(last_progress)
             t_pause = time.time()
             self.fleet.pause()  # engines sleep while the trainer runs
             t_train = time.time()

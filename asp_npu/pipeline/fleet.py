@@ -9,15 +9,21 @@ trainer group. Everything else the controller asks the actors goes through the s
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
+from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
 
 WARMUP_S = 120.0
+QUEUE = "the TrainQueue actor"
+PING_S = 1.0  # an instance is pinged at most this often (health check)
+START_S = 600.0  # a restarted instance's engine must be up within this
+PAUSE_S = 600.0 + CALL_S  # a pause drains running sequences (`vllm_engine.DRAIN_S`), then answers
 
 
 class Fleet:
@@ -35,6 +41,11 @@ class Fleet:
         self._owns_ray = False
         self._arrivals_ref: Any = None  # the pending `wait_arrivals` call
         self._wakes = 0
+        self.failures_seen = 0  # failed requests already handed to the driver
+        self.items: list[PromptItem] = []  # every prompt given out (a restarted instance gets them all)
+        self._launch: Any = None  # (settings, sampling) the instances were built with
+        self._pings: dict[int, tuple[Any, float]] = {}  # instance -> (pending ping, sent at)
+        self.starting: dict[int, tuple[Any, float]] = {}  # restarting instance -> (its start call, since)
 
     def _place(self, per_node: int) -> Any:
         """An asynchronous mode whose instances and trainer fit in the cores gets disjoint, pinned cores
@@ -77,7 +88,7 @@ class Fleet:
             self._owns_ray = True
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
                                       self.mode.queue_order)
-        settings, sampling = self._engine_settings()
+        settings, sampling = self._launch = self._engine_settings()
         self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
@@ -109,8 +120,6 @@ class Fleet:
     def _warm_up(self, base: PromptItem) -> None:
         """One short generation per instance before the clock starts: the first generate of a vLLM
         process pays a one-off warm-up (seconds on CPU) that would otherwise land on iteration 1."""
-        import ray
-
         from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
 
         refs = []
@@ -118,91 +127,179 @@ class Fleet:
         for i, inst in enumerate(self.instances):
             item = PromptItem(f"{WARMUP_PREFIX}{i}@0", base.prompt_token_ids, base.text, base.ground_truth,
                               {**base.meta, "epoch": 0})
-            ray.get(inst.add_prompts.remote([item]))
-            ray.get(inst.submit_units.remote([_wire(Unit(-1 - i, -1, (item.prompt_id,), n))]))
+            get(inst.add_prompts.remote([item]), CALL_S, self.name(i), "warm-up prompt")
+            unit = _wire(Unit(-1 - i, -1, (item.prompt_id,), n))
+            get(inst.submit_units.remote([unit]), CALL_S, self.name(i), "warm-up unit")
             refs.append(inst.wait_idle.remote(WARMUP_S))
-        ray.get(refs)
+        get(refs, WARMUP_S + CALL_S, self.names(), "warm-up")
 
     # ---------------------------------------------------------------- the actors, as the loop needs them
-    def add_prompts(self, items: list[PromptItem]) -> None:
-        import ray
+    def name(self, i: int) -> str:
+        return f"rollout instance {i}"
 
-        ray.get([a.add_prompts.remote(items) for a in self.instances])
+    def names(self) -> list[str]:
+        return [self.name(i) for i in range(len(self.instances))]
+
+    def add_prompts(self, items: list[PromptItem], down: set[int] | frozenset[int] = frozenset()) -> None:
+        """Give `items` to every live instance (a restarting one gets them all when it is up)."""
+        self.items += items
+        live = [i for i in range(len(self.instances)) if i not in down and i not in self.starting]
+        refs = [(i, self.instances[i].add_prompts.remote(items)) for i in live]
+        for i, ref in refs:
+            try:
+                get(ref, CALL_S, self.name(i), "add_prompts")
+            except ActorLost:
+                pass  # the health check finds it; its replacement gets every prompt
 
     def submit(self, i: int, unit: Unit) -> None:
         self.instances[i].submit_units.remote([_wire(unit)])
 
-    def admit(self, unit: Unit, version: int) -> bool:
+    def admit(self, unit: Unit, version: int, instance: int = -1) -> bool:
+        ref = self.queue.admit.remote(list(unit.groups), version, instance)
+        return bool(get(ref, CALL_S, QUEUE, "admit"))
+
+    def cancel(self, groups: list[Any]) -> list[Any]:
+        """Free the ledger places of groups that will not arrive; returns those still in flight."""
+        return get(self.queue.cancel.remote([str(g) for g in groups]), CALL_S, QUEUE, "cancel")
+
+    # ---------------------------------------------------------------- failures: detect, restart
+    def dead(self, skip: set[int]) -> list[tuple[int, str]]:
+        """Instances (not in `skip`) whose actor died or stopped answering: a ping per instance at most
+        every `PING_S`, read without blocking; one unanswered for `CALL_S` is dead too."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        now, out = time.time(), []
+        for i, inst in enumerate(self.instances):
+            if i in skip or i in self.starting:
+                continue
+            ref, sent = self._pings.get(i, (None, 0.0))
+            if ref is None:
+                if now - sent >= PING_S:
+                    self._pings[i] = (inst.ping.remote(), now)
+                continue
+            if not ray.wait([ref], timeout=0)[0]:
+                if now - sent > CALL_S:
+                    out.append((i, f"no answer to a ping for {now - sent:.0f}s"))
+                continue
+            try:
+                ray.get(ref, timeout=0)
+                self._pings[i] = (None, now)
+            except RayActorError as exc:
+                out.append((i, f"actor died ({type(exc).__name__})"))
+        for i, _ in out:
+            self._pings.pop(i, None)
+        return out
+
+    def restart(self, i: int) -> None:
+        """Replace instance i by a fresh actor (same devices and settings); its engine builds in the
+        background (`started` says when it is up)."""
         import ray
 
-        return bool(ray.get(self.queue.admit.remote(list(unit.groups), version)))
+        from asp_npu.device import PIN_CORES_ENV, ROLLOUT_NICE_ENV, available_devices
+        from asp_npu.rollout.instance import RolloutInstance, instance_placement
+
+        kill_quietly(self.instances[i])
+        p, sh, gen = self.placement, self.shape, self.cfg.generate_config
+        cores = p.instance_cores[i] if p is not None else None
+        per_node = self.cfg.trainer.n_devices_per_node or available_devices(self.kind)  # type: ignore[arg-type]
+        env, options = instance_placement(self.kind, i, sh.infer_tp, per_node, gen.kv_cache_gib, cores)
+        if p is not None and p.rollout_nice:
+            env = {**env, ROLLOUT_NICE_ENV: str(p.rollout_nice)}
+        if p is not None and p.disjoint:
+            env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in p.instance_cores[i])}
+        settings, sampling = self._launch
+        actor = ray.remote(RolloutInstance).options(**options).remote(
+            i, settings, sampling, env, self.queue, self.mode.admission, False)
+        self.instances[i] = actor  # in place: the weights seam holds this same list
+        self.starting[i] = (actor.start.remote(), time.time())
+
+    def started(self) -> list[int]:
+        """Restarted instances whose engine is up and that hold every prompt; a failed start raises."""
+        import ray
+
+        up = []
+        for i, (ref, since) in list(self.starting.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                if time.time() - since > START_S:
+                    raise ActorTimeout(self.name(i), f"{self.name(i)}: restart not up within {START_S:.0f}s")
+                continue
+            get(ref, CALL_S, self.name(i), "restart")
+            get(self.instances[i].add_prompts.remote(self.items), CALL_S, self.name(i), "add_prompts")
+            del self.starting[i]
+            up.append(i)
+        return up
 
     def take_batch(self, timeout: float) -> Minibatch | None:
-        import ray
+        return get(self.queue.get_batch.remote(timeout), timeout + CALL_S, QUEUE, "get_batch")
 
-        return ray.get(self.queue.get_batch.remote(timeout))
-
-    def next_arrivals(self, since: int, timeout: float, also: list[Any]) -> list[Arrival]:
+    def next_arrivals(self, since: int, timeout: float, also: list[Any]
+                      ) -> tuple[list[Arrival], list[tuple[str, int, str]]]:
         """Arrivals after index `since`: blocks until one comes, the trainer wakes the queue, one of
-        `also` (weight loads) is ready, or `timeout`. One wait is kept pending across calls."""
+        `also` (weight loads) is ready, or `timeout`; also the requests that failed since the last call.
+        One wait is kept pending across calls."""
         import ray
 
         if self._arrivals_ref is None:
-            self._arrivals_ref = self.queue.wait_arrivals.remote(since, timeout, self._wakes)
+            q = self.queue
+            self._arrivals_ref = q.wait_arrivals.remote(since, timeout, self._wakes, self.failures_seen)
         ready, _ = ray.wait([self._arrivals_ref, *also], num_returns=1, timeout=timeout)
         if self._arrivals_ref not in ready:
-            return []
-        rows, self._wakes = ray.get(self._arrivals_ref)
+            return [], []
+        rows, self._wakes, failures = get(self._arrivals_ref, CALL_S, QUEUE, "wait_arrivals")
         self._arrivals_ref = None
-        return rows
+        self.failures_seen += len(failures)
+        return rows, failures
 
     def wake(self) -> None:
         self.queue.wake.remote()
 
     def pause(self) -> None:
-        import ray
-
-        ray.get([a.pause.remote() for a in self.instances])
+        get([a.pause.remote() for a in self.instances], PAUSE_S, self.names(), "pause")
 
     def resume(self) -> None:
-        import ray
-
-        ray.get([a.resume.remote() for a in self.instances])
+        get([a.resume.remote() for a in self.instances], CALL_S, self.names(), "resume")
 
     def stats(self) -> list[dict[str, Any]]:
-        import ray
-
-        return ray.get([a.stats.remote() for a in self.instances])
+        """Every instance's accounting; one that is gone or restarting reports nothing."""
+        out = []
+        for i, a in enumerate(self.instances):
+            try:
+                out.append(get(a.stats.remote(), CALL_S, self.name(i), "stats"))
+            except ActorFailure:
+                out.append({"instance": i, "sequence_events": [], "unit_events": [], "busy_intervals": [],
+                            "errors": [], "groups_delivered": 0, "tokens_generated": 0})
+        return out
 
     def series(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.queue.series.remote())
+        return get(self.queue.series.remote(), CALL_S, QUEUE, "series")
 
     def queue_state(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.queue.state.remote())
+        return get(self.queue.state.remote(), CALL_S, QUEUE, "state")
 
     def close(self) -> None:
+        """Never hangs, never raises: each part gets a bounded, best-effort shutdown, then is killed;
+        the queue actor and Ray always go down."""
         import ray
 
-        if self.instances:
-            try:
-                ray.get([a.shutdown.remote() for a in self.instances], timeout=60)
-            except Exception:  # noqa: BLE001 - best effort; the actors are killed below anyway
-                pass
-            for a in self.instances:
-                ray.kill(a)
-            self.instances = []
-        if self.trainer is not None:
-            self.trainer.shutdown()
-            self.trainer = None
-        if self.queue is not None:
-            ray.kill(self.queue)
-            self.queue = None
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        try:
+            if self.instances:
+                try:
+                    get([a.shutdown.remote() for a in self.instances], CALL_S, self.names(), "shutdown")
+                except Exception:  # noqa: BLE001 - best effort; the actors are killed below anyway
+                    pass
+                for a in self.instances:
+                    kill_quietly(a)
+                self.instances = []
+            if self.trainer is not None:
+                self.trainer.shutdown()
+                self.trainer = None
+        finally:
+            if self.queue is not None:
+                kill_quietly(self.queue)
+                self.queue = None
+            if self._owns_ray and ray.is_initialized():
+                ray.shutdown()
 
 
 def _wire(unit: Unit) -> Any:

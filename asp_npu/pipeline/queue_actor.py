@@ -33,6 +33,9 @@ class QueueService:
         self.group_size = group_size
         self.arrivals: list[Arrival] = []  # one per put group, in arrival order
         self.handouts: list[dict[str, Any]] = []
+        self.owner: dict[str, int] = {}  # admitted group -> the instance generating it
+        self.failures: list[tuple[str, int, str]] = []  # (group, instance, error) of failed requests
+        self.stale_puts = 0  # groups put by an instance that no longer owns them (it was declared lost)
         self._changed: asyncio.Event | None = None
         self.wakes = 0
 
@@ -56,20 +59,35 @@ class QueueService:
     async def capacity(self, version: int) -> int:
         return self.queue.capacity(version)
 
-    async def admit(self, group_ids: list[str], version: int) -> bool:
-        """Admit all of `group_ids` at weights `version`, or none of them (a unit starts whole)."""
+    async def admit(self, group_ids: list[str], version: int, instance: int = -1) -> bool:
+        """Admit all of `group_ids` at weights `version` for `instance`, or none of them (a unit starts
+        whole)."""
         if self.queue.capacity(version) < len(group_ids):
             return False
         now = time.time()
         for gid in group_ids:
             self.queue.admit(gid, version, now)
+            self.owner[gid] = instance
         return True
 
-    async def cancel(self, group_ids: list[str]) -> None:
+    async def cancel(self, group_ids: list[str]) -> list[str]:
+        """Free the ledger places of admitted groups that will not arrive (their instance was lost or
+        their request failed); returns those cancelled -- a group already put is not, it arrived."""
         now = time.time()
+        out = []
         for gid in group_ids:
-            self.queue.cancel(gid, now)
+            if gid in self.owner:
+                self.queue.cancel(gid, now)
+                del self.owner[gid]
+                out.append(gid)
         self._notify()
+        return out
+
+    async def group_failed(self, gid: str, instance: int, error: str) -> None:
+        """Sink protocol: the request of group `gid` failed on `instance` (the driver retries it)."""
+        if self.owner.get(gid) == instance:
+            self.failures.append((gid, instance, error))
+            self._notify()
 
     async def put_group(self, group: list[Trajectory]) -> int:
         """Sink protocol of RolloutInstance: one finished GRPO group (all its samples)."""
@@ -77,6 +95,10 @@ class QueueService:
         gid = t.prompt_id
         if gid.startswith(WARMUP_PREFIX):  # engine warm-up before the run's clock starts
             return len(self.arrivals)
+        if gid not in self.owner or self.owner[gid] not in (-1, t.instance):
+            self.stale_puts += 1  # a lost instance's late put: the group was cancelled or re-dispatched
+            return len(self.arrivals)
+        del self.owner[gid]
         tokens = sum(x.response_len for x in group)
         self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
         self.arrivals.append(Arrival(
@@ -107,13 +129,14 @@ class QueueService:
                 return None
 
     async def wait_arrivals(
-        self, since: int, timeout: float, wakes_seen: int | None = None
-    ) -> tuple[list[Arrival], int]:
-        """Arrivals after index `since`, waiting up to `timeout` seconds for at least one, or for a
-        `wake()` after `wakes_seen`. Returns (the arrivals, the wake count); the controller blocks here
-        between events instead of polling."""
+        self, since: int, timeout: float, wakes_seen: int | None = None, failures_seen: int = 0
+    ) -> tuple[list[Arrival], int, list[tuple[str, int, str]]]:
+        """Arrivals after index `since`, waiting up to `timeout` seconds for at least one, a failed
+        request after `failures_seen`, or a `wake()` after `wakes_seen`. Returns (the arrivals, the wake
+        count, the new failures); the controller blocks here between events instead of polling."""
         def due() -> bool:
-            return len(self.arrivals) > since or (wakes_seen is not None and self.wakes > wakes_seen)
+            return (len(self.arrivals) > since or len(self.failures) > failures_seen
+                    or (wakes_seen is not None and self.wakes > wakes_seen))
 
         deadline = time.monotonic() + timeout
         while not due():
@@ -124,12 +147,13 @@ class QueueService:
                 await asyncio.wait_for(self._event().wait(), left)
             except TimeoutError:
                 break
-        return self.arrivals[since:], self.wakes
+        return self.arrivals[since:], self.wakes, self.failures[failures_seen:]
 
     async def state(self) -> dict[str, Any]:
         q = self.queue
         return {"queued": q.n_queued, "in_flight": q.n_in_flight, "consumed": q.consumed,
-                "trainer_step": q.trainer_step, "arrivals": len(self.arrivals)}
+                "trainer_step": q.trainer_step, "arrivals": len(self.arrivals),
+                "failures": len(self.failures), "stale_puts": self.stale_puts}
 
     async def series(self) -> dict[str, Any]:
         """Occupancy over time (groups), lags of handed-out groups, handouts and the queue summary."""

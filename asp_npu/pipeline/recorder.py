@@ -1,13 +1,17 @@
 """The recorder: everything a real run writes about itself, kept apart from the control loop.
 
-Per trainer step a metrics row and one consumption-ledger row per sample (`samples.jsonl`); the
-controller-side intervals the bubble accounting needs (blocked / paused / lent instances, trainer
-busy / paused / lent); at the end the event log, the timeline, the queue series and `summary.json`.
+Per trainer step a metrics row and one consumption-ledger row per sample (`samples.jsonl`), and
+failures / recoveries as they happen (`run_log.jsonl`): both appended and flushed at once, so a crashed
+run keeps everything up to the crash. Also the controller-side intervals the bubble accounting needs
+(blocked / paused / lent instances, trainer busy / paused / lent); at the end the event log, the
+timeline, the queue series and `summary.json`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import time
+from typing import IO, Any
 
 import numpy as np
 
@@ -19,6 +23,8 @@ from asp_npu.observe import metrics as M
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
 from asp_npu.pipeline.weights import Refreshed
 from asp_npu.types import Trajectory
+
+RUN_LOG = "run_log.jsonl"  # failures, retries, restarts and recoveries, one JSON line each, as they happen
 
 
 class Recorder:
@@ -36,6 +42,9 @@ class Recorder:
         self.arrived_tokens = 0  # tokens generated since the last step (vLLM throughput)
         self.lent_since: float | None = None
         loggers = cfg.trainer.logger if console else [x for x in cfg.trainer.logger if x != "console"]
+        self.run_log: list[dict[str, Any]] = []
+        self._samples: IO[str] | None = open(run / rd.SAMPLES, "w", encoding="utf-8")  # noqa: SIM115
+        self._log: IO[str] | None = open(run / RUN_LOG, "w", encoding="utf-8")  # noqa: SIM115
         self.metrics = M.MetricsLogger(run.path, loggers, total_steps=shape.total_steps,
                                        max_lag=shape.max_lag, prefix=f"[{label}] " if label else "")
 
@@ -72,6 +81,7 @@ class Recorder:
         offset = base // k  # ledger numbers -> run-wide numbers after a resume
         ledger_step = mb.step + offset
         lags = [ledger_step - (t.policy_version - base) // k - offset for t in trajs]
+        first = len(self.samples_rows)
         for t in trajs:
             key = GroupKey.parse(t.prompt_id)
             self.samples_rows.append({
@@ -82,6 +92,7 @@ class Recorder:
                 "step": ledger_step, "trainer_step": step, "response_len": t.response_len,
                 "prompt_len": len(t.prompt_token_ids), "reward": t.reward, "t_finished": t.t_finished,
             })
+        self._append(self._samples, self.samples_rows[first:])
         row = self._row(mb, trajs, out, t0, t1, waited_s, step, lags)
         self.versions.append((t1, step + 1))
         self.step_ends.append(t1)
@@ -120,6 +131,21 @@ class Recorder:
     def log(self, step: int, row: dict[str, Any]) -> None:
         self.metrics.log(step, row)
 
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """A failure or recovery: kept for the summary and appended to `run_log.jsonl` at once."""
+        row = {"t": time.time(), "event": kind, **fields}
+        self.run_log.append(row)
+        self._append(self._log, [row])
+        return row
+
+    @staticmethod
+    def _append(f: IO[str] | None, rows: list[dict[str, Any]]) -> None:
+        if f is None or f.closed:
+            return
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+
     def finish(self, stats: list[dict[str, Any]], series: dict[str, Any], t_end: float, steps: int,
                unit_labels: dict[int, str], placement: dict[str, Any] | None, planned: dict[str, Any]
                ) -> dict[str, Any]:
@@ -140,7 +166,6 @@ class Recorder:
         rep = account(log, self.t_start, t_end)
         self.run_dir.write_jsonl(rd.QUEUE, [{"t": t, "occupancy": n * G}
                                             for t, n in zip(series["t"], series["queued"], strict=False)])
-        self.run_dir.write_jsonl(rd.SAMPLES, self.samples_rows)
         bubbles = {"utilization": rep.utilization, **rep.bubbles()}
         extra = {f"bubbles/{k}": v for k, v in bubbles.items()}
         extra.update({M.TRAINER_IDLE: rep.trainer_idle_ratio, M.ROLLOUTER_IDLE: rep.rollouter_idle_ratio})
@@ -177,4 +202,7 @@ class Recorder:
         }
 
     def close(self) -> None:
+        for f in (self._samples, self._log):
+            if f is not None:
+                f.close()
         self.metrics.close()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 POLL_S = 0.01  # polling while every instance is brought to new weights (short, rare)
+REFRESH_S = 660.0  # the longest every instance may take to drain (`vllm_engine.DRAIN_S`) and load
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class ObjectStoreWeights:
     def poll(self) -> list[Refreshed]:
         import ray
 
+        from asp_npu.remote import CALL_S, get
+
         out = []
         for i, loading in enumerate(self._loading):
             if loading is None:
@@ -90,7 +93,7 @@ class ObjectStoreWeights:
             ref, v = loading
             ready, _ = ray.wait([ref], timeout=0)
             if ready:
-                rep = ray.get(ref)
+                rep = get(ref, CALL_S, f"rollout instance {i}", "refresh_weights")
                 load = max(0.0, float(rep["total_s"]) - float(rep["drain_s"]))
                 out.append(Refreshed(i, v, time.time(), load, rep))
                 self.held[i] = v
@@ -98,10 +101,16 @@ class ObjectStoreWeights:
         return out
 
 
-def refresh_all_and_wait(weights: WeightSync, on_done: Any) -> None:
+def refresh_all_and_wait(weights: WeightSync, on_done: Any, timeout: float = REFRESH_S) -> None:
     """Bring every instance to the published weights before generating (sync modes, resume)."""
     weights.refresh()
+    deadline = time.monotonic() + timeout
     while weights.pending():
+        if time.monotonic() > deadline:
+            from asp_npu.remote import ActorTimeout
+
+            raise ActorTimeout("rollout instances", f"weight refresh not done within {timeout:.0f}s "
+                               f"({len(weights.pending())} instance(s) still loading)")
         for r in weights.poll():
             on_done(r)
         time.sleep(POLL_S)

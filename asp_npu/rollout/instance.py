@@ -301,6 +301,9 @@ class RolloutInstance:
             )
             self._expected.pop(pid, None)
             self._partial.pop(pid, None)
+            failed = getattr(self.sink, "group_failed", None)  # a queue actor sink retries the group
+            if failed is not None:
+                self._sink_calls.append(failed.remote(pid, self.instance_id, msg))
             return None
 
     def _deliver(self, group: list[Trajectory]) -> None:

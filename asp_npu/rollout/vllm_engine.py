@@ -48,6 +48,8 @@ from asp_npu.rollout.engine import (
 from asp_npu.rollout.weight_receiver import EXTENSION_CLS
 from asp_npu.types import PromptItem, Trajectory
 
+DRAIN_S = 600.0  # the longest a drain (weight refresh, pause) may wait for running sequences
+
 
 def to_safetensors_bytes(weights: Mapping[str, Any]) -> bytes:
     """HF-named state dict (torch tensors or numpy arrays) -> one safetensors blob."""
@@ -279,10 +281,17 @@ class VLLMEngine:
             if want is not None and tuple(shape) != want:
                 raise UserError(f"weight_refresh: '{name}' has shape {tuple(shape)}, the model has {want}")
 
-    async def _drain(self) -> float:
+    async def _drain(self, timeout: float = DRAIN_S) -> float:
+        """Stop admitting and wait for running sequences to finish; a drain slower than `timeout` is a
+        hang: admission reopens and the caller gets a clear error instead of waiting forever."""
         t0 = time.perf_counter()
         self._gate.clear()
-        await self._idle.wait()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            if not self._sleeping:
+                self._gate.set()
+            raise RuntimeError(f"engine drain: sequences still running after {timeout:.0f}s") from None
         return time.perf_counter() - t0
 
     async def refresh_weights(

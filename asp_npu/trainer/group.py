@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from asp_npu.config import Config
+from asp_npu.remote import CALL_S, get, kill_quietly
 from asp_npu.trainer.convert import HFWeights
 from asp_npu.trainer.features import check_features
 from asp_npu.trainer.parallel import ModelDims, check_layout, rendezvous_file
@@ -67,29 +68,29 @@ class TrainerGroup:
             opts["num_cpus"] = cpus_per_rank
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**opts).remote() for _ in range(self.world_size)]
-        addr, port = ray.get(self.actors[0].rendezvous.remote())
+        self.names = [f"trainer rank {r}" for r in range(self.world_size)]
+        self.timeout_s = cfg.trainer.stall_timeout_s  # a step, save or start-up slower than this: a hang
+        addr, port = get(self.actors[0].rendezvous.remote(), CALL_S, self.names[0], "rendezvous")
         self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
-        ray.get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)])
+        get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)],
+            self.timeout_s, self.names, "start-up")
         self.version = 0
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        import ray
-
-        return ray.get([a.call.remote(method, *args) for a in self.actors])
+    def _all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        return get([a.call.remote(method, *args) for a in self.actors], timeout or self.timeout_s, self.names,
+                   method)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         import ray
 
-        ref = ray.put(batch)
-        metrics = ray.get([a.call.remote("train_step", ref) for a in self.actors])[0]
+        metrics = self._all("train_step", ray.put(batch))[0]
         self.version = int(metrics["policy_version"])
         return metrics
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
         import ray
 
-        ref = ray.put(batch)
-        metrics = ray.get([a.call.remote("sft_step", ref, lr) for a in self.actors])[0]
+        metrics = self._all("sft_step", ray.put(batch), lr)[0]
         self.version = int(metrics["policy_version"])
         return metrics
 
@@ -124,15 +125,18 @@ class TrainerGroup:
         return meta
 
     def shutdown(self) -> None:
+        """Never hangs, never raises: a dead or hung rank gets `CALL_S`, then every rank is killed."""
         import ray
 
         if not getattr(self, "actors", None):
             return
         try:
-            self._all("shutdown")
+            self._all("shutdown", timeout=CALL_S)
+        except Exception:  # noqa: BLE001 - a failed rank is why we are shutting down; kill them all
+            pass
         finally:
             for a in self.actors:
-                ray.kill(a)
+                kill_quietly(a)
             self.actors = []
             rdzv = getattr(self, "_rendezvous", None)
             if rdzv is not None:

@@ -63,12 +63,12 @@ def test_queue_service_admits_whole_units_and_bounds_lag():
         await q.put_group(_group("b", 0, length=4))
         got = await waiter
         assert got.step == 0 and sorted(got.groups) == ["a", "b"] and len(got.trajectories) == 4
-        arrivals, _ = await q.wait_arrivals(0, 0.0)
+        arrivals, _, _ = await q.wait_arrivals(0, 0.0)
         assert [r.group for r in arrivals] == ["a", "b"] and arrivals[1].lens == (4, 4)
         assert arrivals[0].prompt_len == 2
         series = await q.series()
         assert series["lags"] == [0, 0] and series["summary"]["consumed_groups"] == 2.0
-        assert await q.wait_arrivals(2, 0.01) == ([], 0)
+        assert await q.wait_arrivals(2, 0.01) == ([], 0, [])
         # the controller blocks on arrivals; a wake (trainer step done) ends the wait at once, and a
         # wake that came before the wait started is not lost (its count is already past `wakes_seen`)
         loop = asyncio.get_running_loop()
@@ -77,11 +77,29 @@ def test_queue_service_admits_whole_units_and_bounds_lag():
         batch_waiter = asyncio.ensure_future(q.get_batch(0.3))
         await asyncio.sleep(0.01)
         assert await q.wake() == 1
-        assert await arrivals_waiter == ([], 1) and loop.time() - t0 < 1.0
+        assert await arrivals_waiter == ([], 1, []) and loop.time() - t0 < 1.0
         assert await batch_waiter is None  # woken too, found nothing, kept waiting until its timeout
         assert (await q.wait_arrivals(2, 5.0, 0))[1] == 1 and loop.time() - t0 < 1.0
-        with pytest.raises(KeyError):
-            await q.put_group(_group("zzz", 0))
+        await q.put_group(_group("zzz", 0))  # never admitted: dropped and counted, never queued
+        assert (await q.state())["stale_puts"] == 1 and (await q.state())["arrivals"] == 2
+
+    asyncio.run(scenario())
+
+
+def test_queue_service_cancels_a_lost_instances_groups_and_drops_its_late_puts():
+    async def scenario():
+        q = QueueService(minibatch_groups=2, version_groups=2, max_lag=1, group_size=2)
+        assert await q.admit(["a", "b"], 0, instance=0)
+        await q.put_group(_group("a", 0))  # instance 0 delivered `a`, then died
+        assert await q.cancel(["a", "b"]) == ["b"]  # `a` arrived: not cancelled, not re-dispatched
+        assert (await q.state())["in_flight"] == 0
+        assert await q.admit(["b"], 0, instance=1)
+        await q.put_group(_group("b", 0))  # a late put from the lost instance 0
+        assert (await q.state())["stale_puts"] == 1 and (await q.state())["arrivals"] == 1
+        waiter = asyncio.ensure_future(q.wait_arrivals(1, 5.0, None, 0))
+        await q.group_failed("b", 0, "not its owner")  # ignored
+        await q.group_failed("b", 1, "boom")
+        assert await waiter == ([], 0, [("b", 1, "boom")])
 
     asyncio.run(scenario())
 
