@@ -139,7 +139,15 @@ class TransferEngineWeights:
         self._push = (refs, self.published, time.time())
 
     def pending(self) -> list[Any]:
-        return list(self._push[0]) if self._push is not None else []
+        """The push calls still running (ranks other than 0 return right after the gather: handing
+        those back would turn the controller's wait into a spin)."""
+        import ray
+
+        if self._push is None:
+            return []
+        refs = self._push[0]
+        _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return running or refs[:1]
 
     def poll(self) -> list[Refreshed]:
         import ray
