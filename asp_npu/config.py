@@ -81,6 +81,9 @@ class SamplingConfig:
     logprobs: int = 0
 
 
+WEIGHT_TRANSFERS = ("auto", "object-store")
+
+
 @dataclass
 class GenerateConfig:
     """Rollout instances (MindSpeed-RL `generate_config`)."""
@@ -96,6 +99,10 @@ class GenerateConfig:
     infer_expert_parallel_size: int = 1  # MoE on NPU: an instance shards experts over this many NPUs
     #                                      (vLLM enable_expert_parallel: TP x DP ranks; 1 = experts TP-split)
     weight_nz_mode: int = 0  # vllm-ascend FRACTAL_NZ weight layout; RL needs 0 (NZ breaks weight reloads)
+    # weight_refresh path: auto = vLLM's weight-transfer engine (gloo on CPU, nccl/HCCL on NPU) |
+    # object-store (safetensors bytes, no process group). object-store stays the default until a replaced
+    # rollout instance can re-form the transfer group (pipeline/recovery.py loads it through the object store)
+    weight_transfer: str = "object-store"
     admission: str = "continuous"  # pipeline: a unit starts when its samples fit in free slots | "unit"
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -356,6 +363,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
     problems += _npu_rollout_problems(gen)
+    if gen.weight_transfer not in WEIGHT_TRANSFERS:
+        problems.append(f"generate_config.weight_transfer: '{gen.weight_transfer}' is not "
+                        f"{'|'.join(WEIGHT_TRANSFERS)}")
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
     if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):

@@ -40,7 +40,7 @@ from asp_npu.errors import UserError
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
-from asp_npu.pipeline.weights import ObjectStoreWeights, WeightSync, refresh_all_and_wait
+from asp_npu.pipeline.weights import WeightSync, make_weights, refresh_all_and_wait
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
@@ -87,8 +87,9 @@ class Controller:
     def start(self) -> None:
         """The actors (engines warmed up off the clock), the weights seam, then a resumed checkpoint."""
         self.fleet.start(self.prompts[0])
-        self.weights = ObjectStoreWeights(self.fleet.trainer, self.fleet.instances, self.cfg.model.dtype,
-                                          self.fleet.drain)
+        self.weights = make_weights(self.cfg.generate_config.weight_transfer, self.fleet.trainer,
+                                    self.fleet.instances, self.cfg.model.dtype, self.fleet.drain,
+                                    self.fleet.kind, self.mode.colocated)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         load = self.cfg.actor_config.load
@@ -102,9 +103,13 @@ class Controller:
         """Never hangs: a trainer step still running is abandoned (its actors are killed by the fleet)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         try:
-            self.fleet.close()
+            if self.weights is not None and hasattr(self.weights, "close"):
+                self.weights.close()
         finally:
-            self.recorder.close()
+            try:
+                self.fleet.close()
+            finally:
+                self.recorder.close()
 
     # ------------------------------------------------------------------ planning and dispatch
     def _tok(self) -> Any:

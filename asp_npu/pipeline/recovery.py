@@ -74,6 +74,9 @@ class Supervisor:
         c, now = self.ctrl, time.time()
         if i in c.policy.down:
             return
+        if not hasattr(c.weights, "_loading"):  # the transfer engine's group cannot take a new member yet
+            raise UserError(f"rollout instance {i} lost ({cause}); replacing an instance needs "
+                            "generate_config.weight_transfer=object-store")
         missing = c.policy.lost(i)
         again = c.fleet.cancel(missing)
         c.policy.redispatch(again)

@@ -6,10 +6,15 @@
              instance; `drain` finishes running sequences on the old weights first, else in flight)
     poll     collect finished loads: which instance now holds which version, and how long it paused
 
-`WeightSync` is the interface the controller drives; `ObjectStoreWeights` is today's transport (HF
-safetensors bytes put once in Ray's object store, each instance pulls and loads them through
-`RolloutInstance.refresh_weights`). Another transport (e.g. vLLM's weight-transfer engine) plugs in by
-implementing the same methods; the controller, the dispatch policy and the recorder do not change.
+`WeightSync` is the interface the controller drives, with two transports chosen by
+`generate_config.weight_transfer`:
+
+- `TransferEngineWeights` (`auto`, the default): vLLM's weight-transfer engine (`rollout.weight_sync`),
+  trainer rank 0 broadcasts straight to every instance worker over one process group; nothing to gather.
+- `ObjectStoreWeights` (`object-store`): HF safetensors bytes put once in Ray's object store, each
+  instance pulls and loads them through `RolloutInstance.refresh_weights`; needs no process group.
+
+The controller, the dispatch policy and the recorder do not change with the transport.
 """
 
 from __future__ import annotations
@@ -99,6 +104,89 @@ class ObjectStoreWeights:
                 self.held[i] = v
                 self._loading[i] = None
         return out
+
+
+class TransferEngineWeights:
+    """vLLM's weight-transfer engine: one collective per refresh includes every instance, so all of them
+    move to the published version together (one transfer in flight).
+
+    The push runs as Ray calls on the trainer ranks (`push_weights_to_rollout`): `pending()` hands the
+    controller those refs to wait on like any load, and the trainer actors run them in submission order,
+    between the step that produced the weights and the next one (the pushed version is the published one).
+    """
+
+    def __init__(self, trainer: Any, instances: list[Any], drain: bool, kind: str = "cpu",
+                 colocated: bool = False, timeout_s: float = 300.0) -> None:
+        from asp_npu.rollout.weight_sync import WeightSync as TransferSync
+
+        self.trainer, self.instances = trainer, instances
+        self.held = [0] * len(instances)
+        self.published = 0
+        self.sync = TransferSync(kind=kind, colocated=colocated, drain=drain, timeout_s=timeout_s)
+        self.connect_s = self.sync.connect(instances, trainer)
+        self._push: tuple[list[Any], int, float] | None = None  # (trainer refs, version, t0)
+
+    def gather(self) -> Gathered:
+        t = time.time()  # the trainer sends its weights itself when the refresh starts
+        return Gathered(None, t, t)
+
+    def publish(self, gathered: Gathered, version: int) -> None:
+        self.published = version
+
+    def refresh(self) -> None:
+        if self._push is not None or min(self.held) >= self.published:
+            return
+        link = self.sync.link
+        assert link is not None
+        refs = [a.call.remote("push_weights_to_rollout", link, True) for a in self.trainer.actors]
+        self._push = (refs, self.published, time.time())
+
+    def pending(self) -> list[Any]:
+        """The push calls still running (ranks other than 0 return right after the gather: handing
+        those back would turn the controller's wait into a spin)."""
+        import ray
+
+        if self._push is None:
+            return []
+        refs = self._push[0]
+        _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return running or refs[:1]
+
+    def poll(self) -> list[Refreshed]:
+        import ray
+
+        from asp_npu.rollout.weight_sync import WeightSyncError
+
+        if self._push is None:
+            return []
+        refs, version, t0 = self._push
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if len(ready) < len(refs):
+            return []
+        self._push = None
+        try:
+            out = ray.get(refs)[0]
+        except Exception as exc:
+            raise WeightSyncError(self.sync._diagnose("send", exc)) from None
+        t_end = time.time()
+        self.sync.history.append({**out, "backend": self.sync.backend, "total_s": t_end - t0})
+        done = []
+        for i, rep in enumerate(out["instances"]):  # in the order of the link's instances
+            load = max(0.0, float(rep["total_s"]) - float(rep["drain_s"]))
+            done.append(Refreshed(i, version, t_end, load, {**rep, "send_s": out.get("send_s", 0.0)}))
+            self.held[i] = version
+        return done
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def make_weights(transfer: str, trainer: Any, instances: list[Any], dtype: str, drain: bool,
+                 kind: str = "cpu", colocated: bool = False) -> WeightSync:
+    """The transport `generate_config.weight_transfer` names (`auto` = vLLM's weight-transfer engine)."""
+    if transfer == "object-store":
+        return ObjectStoreWeights(trainer, instances, dtype, drain)
+    return TransferEngineWeights(trainer, instances, drain, kind, colocated)
 
 
 def refresh_all_and_wait(weights: WeightSync, on_done: Any, timeout: float = REFRESH_S) -> None:

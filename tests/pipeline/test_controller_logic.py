@@ -187,3 +187,17 @@ def test_bench_aggregate_and_table():
     assert agg["asp"]["reward_within_spread"] is True
     text = table(agg)
     assert "| asp | 315 | 2.03x |" in text and "| mindspeed-sync | 155 | 1.00x |" in text
+
+
+def test_weight_transfer_defaults_to_the_object_store_and_refuses_unknown_paths():
+    from asp_npu.config import Config, validate
+    from asp_npu.pipeline.weights import ObjectStoreWeights, make_weights
+
+    cfg = Config()
+    assert cfg.generate_config.weight_transfer == "object-store"  # until recovery re-forms the group
+    assert not [p for p in validate(cfg) if "weight_transfer" in p]
+    cfg.generate_config.weight_transfer = "auto"
+    assert not [p for p in validate(cfg) if "weight_transfer" in p]
+    cfg.generate_config.weight_transfer = "nccl"
+    assert [p for p in validate(cfg) if p.startswith("generate_config.weight_transfer: 'nccl'")]
+    assert isinstance(make_weights("object-store", None, [], "float32", True), ObjectStoreWeights)
