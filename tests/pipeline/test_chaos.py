@@ -46,7 +46,9 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path)
     model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
     cfg = load_config("configs/cpu_tiny.yaml", [f"model.path={model}", *OVERRIDES, "trainer.train_iters=8",
                                                 "generate_config.num_instances=2", "trainer.logger=[jsonl]",
-                                                f"trainer.run_dir={tmp_path / 'run'}"])
+                                                f"trainer.run_dir={tmp_path / 'run'}",
+                                                # a replaced instance reloads through the object store
+                                                "generate_config.weight_transfer=object-store"])
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
     ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
     killed: dict = {}
