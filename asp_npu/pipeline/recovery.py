@@ -74,15 +74,10 @@ class Supervisor:
         c, now = self.ctrl, time.time()
         if i in c.policy.down:
             return
-        if not hasattr(c.weights, "_loading"):  # the transfer engine's group cannot take a new member yet
-            raise UserError(f"rollout instance {i} lost ({cause}); replacing an instance needs "
-                            "generate_config.weight_transfer=object-store")
+        c.weights.lost(i)  # a load in flight on the lost actor is void (raises where it cannot be replaced)
         missing = c.policy.lost(i)
         again = c.fleet.cancel(missing)
         c.policy.redispatch(again)
-        loading = getattr(c.weights, "_loading", None)  # a load in flight on the lost actor is void
-        if loading is not None:
-            loading[i] = None
         c.fleet.restart(i)
         self.lost_count += 1
         self.rejoining[i] = now
@@ -94,7 +89,7 @@ class Supervisor:
         """Instance i's replacement is up: load the newest weights (it rejoins when they are in)."""
         w = self.ctrl.weights
         self.ctrl.recorder.event("instance_restarted", instance=i, restart_s=time.time() - self.rejoining[i])
-        if getattr(w, "_ref", None) is None:  # nothing published yet: it holds the initial weights
+        if not w.has_published():  # it holds the initial weights
             self._rejoin(i)
             return
         w.held[i] = -1

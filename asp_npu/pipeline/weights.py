@@ -54,6 +54,8 @@ class WeightSync(Protocol):
     def refresh(self) -> None: ...
     def pending(self) -> list[Any]: ...  # handles the controller may block on (Ray refs)
     def poll(self) -> list[Refreshed]: ...
+    def lost(self, instance: int) -> None: ...  # its actor died: a load in flight there is void
+    def has_published(self) -> bool: ...  # False: every instance still holds the initial weights
 
 
 class ObjectStoreWeights:
@@ -85,6 +87,12 @@ class ObjectStoreWeights:
 
     def pending(self) -> list[Any]:
         return [x[0] for x in self._loading if x is not None]
+
+    def lost(self, instance: int) -> None:
+        self._loading[instance] = None
+
+    def has_published(self) -> bool:
+        return self._ref is not None
 
     def poll(self) -> list[Refreshed]:
         import ray
@@ -176,6 +184,16 @@ class TransferEngineWeights:
             done.append(Refreshed(i, version, t_end, load, {**rep, "send_s": out.get("send_s", 0.0)}))
             self.held[i] = version
         return done
+
+    def lost(self, instance: int) -> None:
+        from asp_npu.errors import UserError
+
+        raise UserError(f"rollout instance {instance} lost; replacing an instance needs "
+                        "generate_config.weight_transfer=object-store (the transfer group cannot take in a "
+                        "new member yet)")
+
+    def has_published(self) -> bool:
+        return self.published > 0
 
     def close(self) -> None:
         self.sync.close()
