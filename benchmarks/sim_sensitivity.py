@@ -11,24 +11,36 @@ and the efficiency (iteration time over the limit, `asp_npu.sim.limit`) of ASP.
     .venv/bin/python benchmarks/sim_sensitivity.py [--costs 8.1e-4,3.4e-3] [--lags 1,2,3,4]
                                                    [--max-token-lag N] [--iterations 50]
                                                    [--split rule|search] [--json F]
+                                                   [--traces ours|lognormal-heavy,bimodal,drift,near-uniform]
 
-Deterministic (virtual clock); prints one Markdown table.
+`--traces` runs the same table on length traces NOT from our generator (`benchmarks/sim_traces.py`'s
+shapes, written to JSONL and given to the preset as its trace); `ours` (default) is the preset's own
+generator. Deterministic (virtual clock); prints one Markdown table per trace.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sim_traces  # noqa: E402
+
+from asp_npu.data.traces import write_trace  # noqa: E402
 from asp_npu.sim.modes import MODES, partial_allowed
-from asp_npu.sim.preset import load_preset
-from asp_npu.sim.run import build_workload, simulate
+from asp_npu.sim.preset import load_preset  # noqa: E402
+from asp_npu.sim.run import build_workload, simulate  # noqa: E402
 
 
 def point(
-    cost: float, lag: int, token_lag: int | None, iterations: int | None, split: str | None
+    cost: float, lag: int, token_lag: int | None, iterations: int | None, split: str | None,
+    trace: str | None = None,
 ) -> dict[str, dict]:
     """Every mode (and `<mode>+partial` where it applies) at one (trainer cost, max_lag) point."""
     over: dict = {"cost.train_s_per_token": cost, "max_lag": lag}
@@ -36,7 +48,7 @@ def point(
         over["cluster.split"] = split
     if token_lag is not None:
         over["max_token_lag"] = token_lag
-    preset = load_preset("paper", iterations=iterations, overrides=over)
+    preset = load_preset("paper", iterations=iterations, trace=trace, overrides=over)
     workload = build_workload(preset)
     on = replace(preset, rl=replace(preset.rl, partial_rollout=True))
     out = {}
@@ -55,14 +67,33 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=None, help="default: the preset's 50")
     ap.add_argument("--split", choices=("rule", "search"), help="device split (default: the preset's search)")
     ap.add_argument("--json", help="write every point's metrics")
+    ap.add_argument("--traces", default="ours", help="ours, or shapes of benchmarks/sim_traces.py")
     args = ap.parse_args()
+    names = [x for x in args.traces.split(",") if x]
+    doc: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shapes = sim_traces.make_traces() if names != ["ours"] else {}
+        for name in names:
+            path = None
+            if name != "ours":
+                path = str(Path(tmp) / f"{name}.jsonl")
+                write_trace(shapes[name], path)
+            print(f"\n### trace: {name}\n")
+            doc[name] = table(args, path)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+
+
+def table(args: argparse.Namespace, trace: str | None) -> dict:
+    """Every (cost, lag) point on one trace; prints its table, returns the metrics."""
     costs = [float(x) for x in args.costs.split(",")]
     lags = [int(x) for x in args.lags.split(",")]
     t0 = time.perf_counter()
     rows, doc = [], {}
     for c in costs:
         for lag in lags:
-            r = point(c, lag, args.max_token_lag, args.iterations, args.split)
+            r = point(c, lag, args.max_token_lag, args.iterations, args.split, trace)
             print(f"point {c:g}/{lag} done at {time.perf_counter() - t0:.0f} s", flush=True)
             doc[f"{c:g}/{lag}"] = r
             it = {m: x["iteration_time_mean_s"] for m, x in r.items()}
@@ -92,9 +123,7 @@ def main() -> None:
     print("|" + "---|" * (head.count("|") - 1))
     print("\n".join(rows))
     print(f"\n{len(rows)} points in {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+    return doc
 
 
 if __name__ == "__main__":
