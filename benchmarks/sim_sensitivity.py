@@ -18,10 +18,10 @@ Deterministic (virtual clock); prints one Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 
+from asp_npu.io import atomic_write_json
 from asp_npu.sim.modes import MODES, partial_allowed
 from asp_npu.sim.preset import load_preset
 from asp_npu.sim.run import build_workload, simulate
@@ -93,8 +93,7 @@ def main() -> None:
     print("\n".join(rows))
     print(f"\n{len(rows)} points in {time.perf_counter() - t0:.0f} s")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+        atomic_write_json(args.json, doc, indent=1)
 
 
 if __name__ == "__main__":
