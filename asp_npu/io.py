@@ -19,7 +19,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from asp_npu.errors import UserError
 
@@ -232,6 +232,18 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
         return False
     raise OSError(err, os.strerror(err))
+
+
+def close_synced(f: IO[str] | IO[bytes]) -> None:
+    """Close a log streamed row by row (metrics.jsonl, samples.jsonl), fsync'd first so a finished
+    run's logs survive a power loss (each row was flushed as written; readers skip a torn last line)."""
+    try:
+        f.flush()
+        os.fsync(f.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        f.close()
 
 
 def _unlink(tmp: str) -> None:
