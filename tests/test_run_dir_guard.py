@@ -3,6 +3,7 @@ line and leave nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -150,7 +151,7 @@ class _FakeController:
             for step in range(1, self.steps + 1):
                 log.log(step, {m.REWARD_MEAN: 0.9})
                 with open(self.run_dir / rd.SAMPLES, "a") as f:
-                    f.write('{"step": %d, "policy_version": 0}\n' % step)
+                    f.write(json.dumps({"step": step, "policy_version": 0}) + "\n")
         if self.fail is not None:
             raise self.fail
         self.run_dir.write_summary({"mode": "asp", "max_lag": 1})
