@@ -128,6 +128,8 @@ def check_folder_writable(path: str | os.PathLike[str], parents: bool = False) -
     if parents:
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"{p}: {parent} is not a folder")
     if not parent.is_dir():
         raise UserError(f"{p}: folder {parent} does not exist")
     _refuse_special(p)

@@ -74,6 +74,9 @@ class RunDir:
         p = Path(path)
         if p.exists() and not p.is_dir():
             return f"trainer.run_dir: {p} exists and is not a folder"
+        above = next((a for a in p.parents if a.exists()), None)
+        if above is not None and not above.is_dir():
+            return f"trainer.run_dir: {p} cannot be made ({above} is not a folder)"
         ckpt = p / CHECKPOINTS
         if not overwrite and not keep_checkpoints and ckpt.is_dir() and any(ckpt.iterdir()):
             return (f"trainer.run_dir: {p} holds a previous run's checkpoints; pass --overwrite to replace "
