@@ -103,7 +103,10 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
         if run.trained():
             run.commit()  # the new run's steps and checkpoints are the run now
         else:
-            run.rollback()
+            try:
+                run.rollback()
+            except OSError:
+                pass  # the previous run stays in its previous-run.* folder; the run's own error is the news
         raise
     run.commit()
     draw_report(run.path)
