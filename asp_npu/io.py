@@ -2,21 +2,24 @@
 
 Atomic writes (a uniquely named temp file in the same folder, fsync'd, then os.replace, then the
 folder fsync'd) guarantee that a failed or interrupted command leaves the old file or the whole new
-one, never half of it, and that a completed write survives a power loss. Targets that are not
-regular files (devices, FIFOs, sockets) are refused rather than replaced. Readers name `file:line`
-and what is wrong: undecodable bytes, torn lines, wrong types, NaN/Infinity literals.
+one, never half of it, and that a completed write survives a power loss; `atomic_replace_dir` does the
+same for a whole folder (a model), setting the old one aside until the new one is in place. Targets
+that are not regular files (devices, FIFOs, sockets) are refused rather than replaced. Readers name
+`file:line` and what is wrong: undecodable bytes, torn lines, wrong types, NaN/Infinity literals.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 from asp_npu.errors import UserError
 
@@ -76,22 +79,24 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
     """Write `data` to `path` durably so that readers see either the old file or the whole new one."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    return atomic_write_with(path, lambda f: f.write(payload))
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
+    """`atomic_write` for a producer that writes into a binary file itself (`fig.savefig(f, ...)`,
+    `torch.save(obj, f)`): it writes a uniquely named temp file beside `path`, which is fsync'd and
+    renamed over `path`, or removed if anything fails."""
     p = check_writable(path)
     folder = p.parent if str(p.parent) else Path(".")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
-        try:
-            mode = os.lstat(p).st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise UserError(f"{p}: not a regular file (a device, FIFO or socket is never replaced)")
+        _refuse_special(p)
         os.replace(tmp, p)
     except OSError as exc:
         _unlink(tmp)
@@ -101,6 +106,146 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
         raise
     fsync_dir(folder)
     return p
+
+
+def _refuse_special(p: Path) -> None:
+    """A device, FIFO or socket at `p` is never replaced (os.replace would swap a regular file in)."""
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        raise UserError(f"{p}: not a regular file (a device, FIFO or socket is never replaced)")
+
+
+def check_folder_writable(path: str | os.PathLike[str], parents: bool = False) -> Path:
+    """Fail early (before minutes of work) if the folder `path` cannot be created or replaced
+    (`parents`: missing folders above it will be made, so the nearest existing one must be writable)."""
+    p = Path(path)
+    if not str(path).strip():
+        raise UserError("output folder is empty")
+    parent = p.parent if str(p.parent) else Path(".")
+    if parents:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"{p}: {parent} is not a folder")
+    if not parent.is_dir():
+        raise UserError(f"{p}: folder {parent} does not exist")
+    _refuse_special(p)
+    try:
+        probe = tempfile.mkdtemp(prefix=f".{p.name}.probe.", dir=parent)
+    except OSError as exc:
+        raise UserError(f"{p}: cannot write in {parent} ({exc.strerror})") from None
+    os.rmdir(probe)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UserError(f"{p}: not writable")
+    return p
+
+
+def fsync_tree(folder: str | os.PathLike[str]) -> None:
+    """fsync every file under `folder`, then every folder bottom-up (the entries themselves)."""
+    for root, _dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            f = os.path.join(root, name)
+            if os.path.islink(f):
+                continue
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
+
+
+def atomic_replace_dir(path: str | os.PathLike[str], fill: Callable[[Path], object]) -> Path:
+    """Make the folder `path` all at once: `fill(tmp)` writes it under a unique name beside `path`,
+    everything is fsync'd, then it is swapped in. The previous folder is set aside (never deleted)
+    until the new one is in place, and put back if the swap fails; any failure leaves the previous
+    folder as it was and no temp behind. Readers see the old folder or the whole new one."""
+    out = Path(path)
+    parent = out.parent if str(out.parent) else Path(".")
+    _refuse_special(out)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write in {parent} ({exc.strerror or exc})") from None
+    aside: Path | None = None
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+        fsync_tree(tmp)
+        aside = _swap_in(tmp, out, parent)
+        fsync_dir(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if aside is not None:
+        _remove(aside)
+    return out
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def _swap_in(new: Path, out: Path, parent: Path) -> Path | None:
+    """Put the complete folder `new` at `out`; returns where the previous `out` now is (to delete)."""
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        return None
+    if _exchange(new, out):  # one atomic step: `out` is never missing
+        return new
+    hold = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+    os.rename(out, hold / "previous")
+    try:
+        os.rename(new, out)
+    except BaseException:
+        try:
+            os.rename(hold / "previous", out)
+        except OSError as exc:
+            raise UserError(f"{out}: cannot write ({exc.strerror}); the previous folder is kept as "
+                            f"{hold / 'previous'}") from None
+        os.rmdir(hold)
+        raise
+    return hold
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """renameat2(RENAME_EXCHANGE) where the kernel and libc have it; False where they do not."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+def close_synced(f: IO[str] | IO[bytes]) -> None:
+    """Close a log streamed row by row (metrics.jsonl, samples.jsonl), fsync'd first so a finished
+    run's logs survive a power loss (each row was flushed as written; readers skip a torn last line)."""
+    try:
+        f.flush()
+        os.fsync(f.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        f.close()
 
 
 def _unlink(tmp: str) -> None:

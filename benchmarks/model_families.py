@@ -10,7 +10,6 @@ Models are the trainer tests' tiny random HF models (tests/trainer/helpers.make_
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asp_npu.io import atomic_write_json  # noqa: E402
 from tests.trainer import family_jobs  # noqa: E402
 from tests.trainer.helpers import make_hf_model, run_ranks  # noqa: E402
 
@@ -57,7 +57,7 @@ def main() -> None:
     print(f"max |loss diff| {loss:.2e}; max |grad-norm diff| {norm:.2e}; max |grad diff| (all HF tensors, "
           f"step 3) {grad:.2e}; max |weight diff| after step 3 {weight:.2e}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        atomic_write_json(args.json, result, indent=2)
 
 
 if __name__ == "__main__":

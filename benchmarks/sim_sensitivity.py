@@ -21,7 +21,6 @@ generator. Deterministic (virtual clock); prints one Markdown table per trace.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_traces  # noqa: E402
 
 from asp_npu.data.traces import write_trace  # noqa: E402
-from asp_npu.sim.modes import MODES, partial_allowed
+from asp_npu.io import atomic_write_json  # noqa: E402
+from asp_npu.sim.modes import MODES, partial_allowed  # noqa: E402
 from asp_npu.sim.preset import load_preset  # noqa: E402
 from asp_npu.sim.run import build_workload, simulate  # noqa: E402
 
@@ -81,8 +81,7 @@ def main() -> None:
             print(f"\n### trace: {name}\n")
             doc[name] = table(args, path)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+        atomic_write_json(args.json, doc, indent=1)
 
 
 def table(args: argparse.Namespace, trace: str | None) -> dict:

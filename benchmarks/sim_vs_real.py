@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from asp_npu.errors import UserError
+from asp_npu.io import atomic_write_json
 from asp_npu.sim.cost import train_seconds
 from asp_npu.sim.modes import SPECS as SIM_SPECS
 from asp_npu.sim.preset import CALIB_SCHEMA, Preset
@@ -503,7 +504,7 @@ def main(argv: list[str]) -> int:
             "runs": rows,
             "modes": modes,
         }
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
+        atomic_write_json(args.json, json.loads(json.dumps(doc, default=float)), indent=1)
     return 0
 
 

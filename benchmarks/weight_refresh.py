@@ -22,7 +22,6 @@ seconds the running sequences were frozen (old: the load inside the worker; new:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.device import loopback_env
+from asp_npu.io import atomic_write_json
 from asp_npu.rollout.weight_sync import StateDictTrainer
 
 
@@ -211,7 +211,7 @@ def main() -> None:
             )
             print(row(results[-1]), flush=True)
             if args.json:
-                Path(args.json).write_text(json.dumps(results, indent=1))
+                atomic_write_json(args.json, results, indent=1)
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)

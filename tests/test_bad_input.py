@@ -41,6 +41,7 @@ FLAGS = "missing / unknown flag"
 TRACE = "trace file: missing / undecodable / torn / mistyped"
 PRESET_FILE = "preset / calibration file: undecodable / mistyped / out of range"
 OUTPUT = "output target not a regular file / not creatable"
+OUTPUT_DIR = "output folder (model) not a folder / not creatable"
 
 # ------------------------------------------------------------------------------------ file builders
 
@@ -98,6 +99,7 @@ def calib(**values: object) -> bytes:
 
 
 T = {"t.jsonl": GOOD_TRACE}
+RUN_METRICS = b'{"step": 1, "reward/mean": 0.1}\n'
 SYNTH = ("trace", "synth", "--prompts", "4", "--epochs", "2", "--n", "4", "--out", "{d}/out.jsonl")
 PLAN = ("plan", "--trace", "{d}/t.jsonl", "--epoch", "2", "--instances", "2", "--minibatch", "16")
 PLAN_OUT = (*PLAN, "--out", "{d}/plan.json")
@@ -277,6 +279,19 @@ def _output_cases() -> list[Bad]:
         if name in ("dev-full", "directory", "fifo"):
             out.append(Bad(OUTPUT, f"sim-json-{name}",
                            (*SIM, "--json", target), dict(T), fifos))
+        out.append(Bad(OUTPUT, f"sim-plot-{name}", (*SIM, "--plot", target), dict(T), fifos))
+        out.append(Bad(OUTPUT, f"sim-timeline-{name}", (*SIM, "--timeline", target), dict(T), fifos))
+        out.append(Bad(OUTPUT, f"report-out-{name}", ("report", "{d}/run", "--out", target),
+                       {**T, "run/metrics.jsonl": RUN_METRICS}, fifos))
+        if name != "directory":  # an existing empty folder is a valid model target
+            out.append(Bad(OUTPUT_DIR, f"init-model-out-{name}", ("init-model", "--out", target), dict(T),
+                           fifos))
+    out.append(Bad(OUTPUT_DIR, "init-model-out-file-no-force", ("init-model", "--out", "{d}/t.jsonl"),
+                   dict(T)))
+    out.append(Bad(OUTPUT_DIR, "init-model-fifo-force", ("init-model", "--out", "{d}/f", "--force"),
+                   fifos=("f",)))
+    out.append(Bad(OUTPUT_DIR, "init-model-not-empty", ("init-model", "--out", "{d}/m"),
+                   {"m/config.json": b"{}"}))
     return out
 
 

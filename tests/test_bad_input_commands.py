@@ -98,7 +98,26 @@ CASES: list[tuple[str, list[str], str]] = [
     (WRITE, ["report", "{ws}/run_ok", "--out", "{ws}/no_such_folder/r.png"], "does not exist"),
     # init-model: an output that cannot be written is refused before the model is built
     (WRITE, ["init-model", "--out", "/proc/asp_npu_model", "--size", "small"], "/proc/asp_npu_model"),
-    (WRITE, ["init-model", "--out", "{ws}/a_file.txt/model"], "does not exist"),
+    (WRITE, ["init-model", "--out", "{ws}/a_file.txt/model"], "a_file.txt is not a folder"),
+    (WRITE, ["init-model", "--out", "/dev/null"], "not a regular file"),
+    # every output that is not a regular file (or folder) is refused, never replaced
+    (WRITE, [*TRAIN, "trainer.run_dir=/dev/null"], "not a folder"),
+    (WRITE, [*TRAIN, "trainer.run_dir={ws}/a_file.txt/run"], "a_file.txt is not a folder"),
+    (WRITE, ["bench", "real", CONFIG, "--modes", "asp", "--out-dir", "/dev/null", *SMALL], "not a folder"),
+    (WRITE, ["sft", CONFIG, "--out", "/dev/null", "sft.steps=1"], "not a regular file"),
+    (WRITE, ["sft", CONFIG, "--out", "{ws}/a_file.txt/m", "sft.steps=1"], "a_file.txt is not a folder"),
+    (WRITE, ["calibrate", CONFIG, "--out", "/dev/null"], "not a regular file"),
+    (WRITE, ["calibrate", CONFIG, "--out", "{ws}"], "is a directory"),
+    (WRITE, ["import-config", "mindspeed-rl", "{ws}/ms_tp0.yaml", "--out", "/dev/full"],
+     "not a regular file"),
+    (WRITE, ["report", "{ws}/run_ok", "--out", "/dev/null"], "not a regular file"),
+    (WRITE, ["report", "{ws}/run_ok", "--out", "{ws}/run_ok"], "is a directory"),
+    # a refused replacement of a model folder leaves the previous model as it was
+    (DATA, ["init-model", "--force", "--out", "{ws}/old_model", "--arch", "gpt5"], "unknown architecture"),
+    (DATA, ["sft", CONFIG, "--out", "{ws}/old_model", "model.path={ws}/torn_model", "sft.steps=1"],
+     "config.json: not valid JSON"),
+    (DATA, [*TRAIN, "--overwrite", "trainer.run_dir={ws}/old_run", "actor_config.lr=nan"], "actor_config.lr"),
+    (DATA, [*TRAIN, "trainer.run_dir={ws}/old_run_no_ckpt", "model.path={ws}/torn_model"], "not valid JSON"),
     # sft / calibrate with a truncated or mistyped model config.json
     (TORN, ["sft", CONFIG, "model.path={ws}/torn_model", "sft.steps=1"], "config.json: not valid JSON"),
     (TORN, ["sft", CONFIG, "model.path={ws}/list_model", "sft.steps=1"], "config.json: expected a JSON"),
@@ -111,7 +130,7 @@ CASES: list[tuple[str, list[str], str]] = [
 ]
 
 # run directories whose contents a refused command must leave exactly as they were
-KEPT = ("old_run", "old_run_no_ckpt", "bench")
+KEPT = ("old_run", "old_run_no_ckpt", "bench", "old_model")
 
 
 def _ms_variant(ws: Path, name: str, dotted: str, value: object) -> None:
@@ -168,6 +187,9 @@ def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.moe_demo_30b.padded_vocab_size = "big"
     OmegaConf.save(model, ws / "moe" / "model" / "moe_demo_30b.yaml")
     (ws / "a_file.txt").write_text("not a folder")
+    (ws / "old_model").mkdir()
+    (ws / "old_model" / "config.json").write_text('{"model_type": "qwen2"}')
+    (ws / "old_model" / "model.safetensors").write_bytes(b"old weights")
     return ws
 
 

@@ -3,6 +3,7 @@ line and leave nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -98,3 +99,181 @@ def test_failed_report_write_leaves_no_temp_file(tmp_path, monkeypatch):
         draw_report(run.path)
     assert sorted(p.name for p in run.path.iterdir()) == sorted([rd.CONFIG, rd.METRICS, rd.PLANS,
                                                                  rd.CHECKPOINTS])
+
+
+# ------------------------------------------- replacing a previous run: set aside, then commit or roll back
+
+
+def _tree_hash(path):
+    """One hash over every entry under `path` (names, kinds, file contents): byte-identical or not."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode() + (b"d" if p.is_dir() else b"f"))
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _model(tmp_path):
+    """A folder that passes check_model_dir (the fake controllers below never load it)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "qwen2"}')
+    (d / "model.safetensors").write_bytes(b"w")
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def _cfg(tmp_path, run):
+    cfg = Config()
+    cfg.trainer.run_dir = str(run.path)
+    cfg.model.path = str(_model(tmp_path))
+    cfg.data.num_prompts = 4
+    return cfg
+
+
+class _FakeController:
+    """Stands in for the controller (pure logic of the run-directory swap): `steps` trainer steps, then
+    `fail` (an exception) or a summary."""
+
+    steps, fail, seen = 0, None, {}
+
+    def __init__(self, cfg, run, prompts, **_kw):
+        self.run_dir = run
+
+    def start(self):
+        _FakeController.seen["previous"] = self.run_dir.previous
+
+    def run(self):
+        with m.MetricsLogger(self.run_dir.path, loggers=["jsonl"]) as log:
+            for step in range(1, self.steps + 1):
+                log.log(step, {m.REWARD_MEAN: 0.9})
+                with open(self.run_dir / rd.SAMPLES, "a") as f:
+                    f.write(json.dumps({"step": step, "policy_version": 0}) + "\n")
+        if self.fail is not None:
+            raise self.fail
+        self.run_dir.write_summary({"mode": "asp", "max_lag": 1})
+        return {"steps": self.steps}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_controller(monkeypatch):
+    from asp_npu.pipeline import controller
+
+    monkeypatch.setattr(controller, "Controller", _FakeController)
+    _FakeController.steps, _FakeController.fail, _FakeController.seen = 0, None, {}
+    return _FakeController
+
+
+@pytest.mark.parametrize("case", ["bad-data", "torn-model", "no-model", "checkpoints", "overwrite-bad-data",
+                                  "nan-lr"])
+def test_failed_validation_leaves_the_run_directory_byte_identical(tmp_path, case):
+    from asp_npu.pipeline.preflight import preflight
+
+    run = _previous_run(tmp_path)
+    (run.path / "notes.txt").write_text("mine")
+    (run.path / rd.RUN_LOG).write_text('{"event": "old"}\n')
+    cfg = _cfg(tmp_path, run)
+    overwrite = case.startswith("overwrite")
+    if case in ("bad-data", "overwrite-bad-data"):
+        cfg.data.data_path = str(tmp_path / "missing.jsonl")
+    if case == "torn-model":
+        (tmp_path / "model" / "config.json").write_text('{"model_type": "qw')
+    if case == "no-model":
+        cfg.model.path, cfg.model.build_if_missing = str(tmp_path / "none"), False
+    if case == "nan-lr":
+        cfg.actor_config.lr = float("nan")
+    if case != "checkpoints":
+        overwrite = True  # only the defect under test stands in the way
+    before = _tree_hash(tmp_path)
+    with pytest.raises(UserError) as exc:
+        if case in ("no-model", "nan-lr"):
+            preflight(cfg)
+        train(cfg, "cpu", overwrite=overwrite)
+    assert "\n" not in str(exc.value)
+    assert _tree_hash(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["start", "interrupt"])
+def test_a_run_failing_before_its_first_step_puts_the_previous_run_back(tmp_path, fake_controller, where):
+    run = _previous_run(tmp_path)
+    (run.path / "notes.txt").write_text("mine")
+    cfg = _cfg(tmp_path, run)
+    before = _tree_hash(tmp_path)
+    fake_controller.fail = UserError("starting rollout instances failed: no") if where == "start" \
+        else KeyboardInterrupt()
+    with pytest.raises((UserError, KeyboardInterrupt)):
+        train(cfg, "cpu", overwrite=True)
+    assert fake_controller.seen["previous"] is not None  # the old files were aside while it ran
+    assert _tree_hash(tmp_path) == before
+
+
+def test_a_new_folder_is_removed_again_when_the_run_fails_before_training(tmp_path, fake_controller):
+    fake_controller.fail = UserError("no")
+    cfg = _cfg(tmp_path, rd.RunDir(tmp_path / "fresh"))
+    with pytest.raises(UserError):
+        train(cfg, "cpu")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_the_previous_run_is_deleted_only_once_the_new_run_has_trained(tmp_path, fake_controller):
+    run = _previous_run(tmp_path)
+    (run.path / "notes.txt").write_text("mine")
+    old_ckpt = run.checkpoints / "final" / "latest.json"
+    fake_controller.steps = 2
+    summary = train(_cfg(tmp_path, run), "cpu", overwrite=True)
+    assert summary == {"steps": 2}
+    aside = fake_controller.seen["previous"]
+    assert aside.name.startswith(rd.PREVIOUS) and not aside.exists()  # committed
+    assert (run.path / "notes.txt").read_text() == "mine" and not old_ckpt.exists()
+    assert [p.name for p in run.path.iterdir() if p.name.startswith(rd.PREVIOUS)] == []
+    rows = (run.path / rd.METRICS).read_text().splitlines()
+    assert len(rows) == 2 and (run.path / rd.REPORT).exists()
+
+
+def test_a_run_failing_after_training_keeps_its_own_files(tmp_path, fake_controller):
+    run = _previous_run(tmp_path)
+    fake_controller.steps, fake_controller.fail = 1, RuntimeError("instance lost")
+    with pytest.raises(RuntimeError):
+        train(_cfg(tmp_path, run), "cpu", overwrite=True)
+    assert len((run.path / rd.METRICS).read_text().splitlines()) == 1  # the new run's step
+    assert not fake_controller.seen["previous"].exists()
+
+
+def test_a_resumed_run_keeps_the_checkpoints_in_place_whatever_happens(tmp_path, fake_controller):
+    run = _previous_run(tmp_path)
+    ckpt = _tree_hash(run.checkpoints)
+    cfg = _cfg(tmp_path, run)
+    cfg.actor_config.load = str(run.checkpoints / "final")
+    fake_controller.fail = UserError("no")
+    before = _tree_hash(tmp_path)
+    with pytest.raises(UserError):
+        train(cfg, "cpu")
+    assert _tree_hash(tmp_path) == before
+    fake_controller.fail, fake_controller.steps = None, 1
+    train(cfg, "cpu")
+    assert _tree_hash(run.checkpoints) == ckpt
+
+
+def test_create_that_cannot_set_aside_changes_nothing(tmp_path, monkeypatch):
+    run = _previous_run(tmp_path)
+    before = _tree_hash(tmp_path)
+    real_rename = os.rename
+    calls = []
+
+    def rename(a, b):
+        calls.append(a)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(UserError, match="Input/output error"):
+        rd.RunDir.create(run.path, "new: 1\n", overwrite=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert _tree_hash(tmp_path) == before

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     if args.timeline and args.timeline_mode not in names:
         raise UserError(f"--timeline-mode '{args.timeline_mode}' is not among the simulated modes")
     for path in (args.json, args.plot, args.timeline):
-        if path:
+        if path is not None:  # `--plot ""` is refused, not ignored
             check_writable(path)
     overrides: dict[str, Any] = {}
     for item in args.set:

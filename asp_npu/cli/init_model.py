@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
 from asp_npu.cli import command_parser
 from asp_npu.data.init_model import ARCH_NAMES, SIZES, build_model_dir, count_params
 from asp_npu.errors import UserError
-
-
-def check_folder_writable(out: Path) -> None:
-    """Refuse an output folder we cannot create before the model is built (about 12 s for `small`)."""
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: folder {out.parent} does not exist")
-    try:
-        probe = tempfile.mkdtemp(prefix=f".{out.name}.probe.", dir=out.parent)
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write in {out.parent} ({exc.strerror})") from None
-    shutil.rmtree(probe, ignore_errors=True)
-    if out.exists() and not os.access(out, os.W_OK):
-        raise UserError(f"{out}: not writable")
+from asp_npu.io import check_folder_writable
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +16,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
     args = parser.parse_args(argv)
-    check_folder_writable(Path(args.out))
+    check_folder_writable(args.out)  # before the model is built (about 12 s for `small`)
     try:
         out = build_model_dir(args.out, args.size, args.seed, args.force, arch=args.arch)
     except OSError as exc:

@@ -6,6 +6,7 @@ import json
 
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
+from asp_npu.io import check_folder_writable
 from asp_npu.trainer.sft import prepare_model, warm_start
 
 
@@ -19,6 +20,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. sft.steps=200")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    check_folder_writable(args.out or cfg.sft.out, parents=True)  # before minutes of training
     prepare_model(cfg)
     result = warm_start(cfg, out_dir=args.out)
     if args.json:

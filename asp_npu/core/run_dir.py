@@ -11,19 +11,25 @@
     plans/             the RolloutPlan of each planning window (asp-plan/1 JSON)
     timeline.json      Perfetto / Chrome trace of instances, queue and trainer
     summary.json       run totals (throughput, iteration time, lag, bubbles, planned vs done)
+    run_log.jsonl      failures, retries, restarts and recoveries, one JSON line each, as they happen
     checkpoints/       trainer checkpoints
     report.png         the one-page report (`asp-npu report RUN_DIR` redraws it)
     warm_start/        the SFT warm-started HF model the run started from (model.warm_start_steps > 0)
 
-Only these names are ever deleted when a run directory is reused, so a user's own files survive, and
-only after the new run has passed validation; a previous run's checkpoints are never deleted unless the
-user asks (`--overwrite`), see `reuse_problem`.
+Only these names are ever touched when a run directory is reused, so a user's own files survive. A new
+run starts only once it has passed validation, and even then the previous run's files are not deleted:
+`create` moves them aside into `previous-run.XXXXXX/`; `commit` deletes them once the new run has
+trained, `rollback` puts them back (byte-identical) when the new run fails before its first trainer
+step. A previous run's checkpoints are never replaced unless the user asks (`--overwrite`), see
+`reuse_problem`. A run killed outright leaves its `previous-run.*` folder for the user to inspect.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +48,10 @@ SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 REPORT = "report.png"
 WARM_START = "warm_start"
+RUN_LOG = "run_log.jsonl"
 OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT,
-         WARM_START)
+         WARM_START, RUN_LOG)
+PREVIOUS = "previous-run"  # prefix of the folder a replaced run's files wait in until the new run trained
 
 
 class RunDir:
@@ -51,6 +59,9 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.previous: Path | None = None  # where the replaced run's files wait (create .. commit)
+        self._kept: tuple[str, ...] = ()  # names create left in place (checkpoints a run resumes from)
+        self._made = False  # create made the folder itself
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
@@ -63,6 +74,9 @@ class RunDir:
         p = Path(path)
         if p.exists() and not p.is_dir():
             return f"trainer.run_dir: {p} exists and is not a folder"
+        above = next((a for a in p.parents if a.exists()), None)
+        if above is not None and not above.is_dir():
+            return f"trainer.run_dir: {p} cannot be made ({above} is not a folder)"
         ckpt = p / CHECKPOINTS
         if not overwrite and not keep_checkpoints and ckpt.is_dir() and any(ckpt.iterdir()):
             return (f"trainer.run_dir: {p} holds a previous run's checkpoints; pass --overwrite to replace "
@@ -72,31 +86,84 @@ class RunDir:
     @classmethod
     def create(cls, path: str | Path, config_yaml: str, keep_checkpoints: bool = False,
                overwrite: bool = False) -> RunDir:
-        """Make (or reuse) the folder, clear what a previous run left in our layout, snapshot the config.
+        """Make (or reuse) the folder, set aside what a previous run left in our layout, snapshot the config.
 
-        Call it only once the new run has passed validation: reusing a folder deletes the previous run's
-        files. A previous run's checkpoints are refused (`reuse_problem`) unless `overwrite`, or kept
-        (`keep_checkpoints`: a run resuming from them)."""
+        Call it only once the new run has passed validation. A previous run's checkpoints are refused
+        (`reuse_problem`) unless `overwrite`, or kept in place (`keep_checkpoints`: a run resuming from
+        them); the rest is moved into `self.previous` until `commit` or `rollback`."""
         run = cls(path)
         problem = cls.reuse_problem(run.path, overwrite, keep_checkpoints)
         if problem:
             raise UserError(problem)
+        run._made = not run.path.exists()
+        run._kept = (CHECKPOINTS,) if keep_checkpoints else ()
         try:
             run.path.mkdir(parents=True, exist_ok=True)
+            run._set_aside()
         except OSError as exc:
-            raise UserError(f"trainer.run_dir: cannot create {run.path} ({exc.strerror})") from None
-        for name in OWNED:
-            if keep_checkpoints and name == CHECKPOINTS:
-                continue
-            target = run.path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        (run.path / PLANS).mkdir()
-        (run.path / CHECKPOINTS).mkdir(exist_ok=True)
-        atomic_write(run.path / CONFIG, config_yaml)
+            raise UserError(f"trainer.run_dir: cannot prepare {run.path} ({exc.strerror})") from None
+        try:  # from here on everything in our layout is the new run's: rollback may remove it
+            (run.path / PLANS).mkdir()
+            (run.path / CHECKPOINTS).mkdir(exist_ok=True)
+            atomic_write(run.path / CONFIG, config_yaml)
+        except (OSError, UserError) as exc:
+            run.rollback()
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise UserError(f"trainer.run_dir: cannot prepare {run.path} ({why})") from None
         return run
+
+    def _set_aside(self) -> None:
+        """Move the previous run's files into `self.previous`, all or none (a failure moves them back)."""
+        present = [n for n in OWNED if n not in self._kept and os.path.lexists(self.path / n)]
+        if not present:
+            return
+        aside = Path(tempfile.mkdtemp(prefix=f"{PREVIOUS}.", dir=self.path))
+        moved: list[str] = []
+        try:
+            for name in present:
+                os.rename(self.path / name, aside / name)
+                moved.append(name)
+        except BaseException:
+            for name in moved:
+                os.rename(aside / name, self.path / name)
+            aside.rmdir()
+            raise
+        self.previous = aside
+
+    def trained(self) -> bool:
+        """Whether the new run has trained at least one step (its consumption ledger has a row)."""
+        try:
+            return (self.path / SAMPLES).stat().st_size > 0
+        except OSError:
+            return False
+
+    def commit(self) -> None:
+        """The new run stands: delete the previous run's files set aside by `create`."""
+        if self.previous is not None:
+            shutil.rmtree(self.previous, ignore_errors=True)
+            self.previous = None
+
+    def rollback(self) -> None:
+        """The new run failed before training: remove what it wrote in our layout and put the previous
+        run's files back as they were (a folder `create` made is removed again)."""
+        for name in OWNED:
+            target = self.path / name
+            if name in self._kept or not os.path.lexists(target):
+                continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+        if self.previous is not None:
+            for entry in self.previous.iterdir():
+                os.rename(entry, self.path / entry.name)
+            self.previous.rmdir()
+            self.previous = None
+        if self._made:
+            try:
+                self.path.rmdir()  # only if empty: nothing of the user's is ever removed
+            except OSError:
+                pass
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:

@@ -10,12 +10,11 @@ the tests only ever see "a folder with config.json, tokenizer and safetensors we
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from asp_npu.errors import UserError
+from asp_npu.io import atomic_replace_dir
 from asp_npu.trainer.arch import ARCHS
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -145,16 +144,12 @@ def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: b
     vocab = -(-len(tokenizer) // 64) * 64  # padded to a multiple of 64, as real checkpoints are
     ids = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
     model = build_model(size, vocab, ids, seed=seed, arch=arch)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_replace_dir(out, fill)  # a failure leaves a previous folder as it was and no temp behind
     return out
 
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from asp_npu.io import close_synced
+
 # the names the pipeline writes every step (others, e.g. `actor/*` from the trainer, pass through)
 TIMING_ROLLOUT = "timing/rollout"  # seconds the trainer waited for this step's minibatch
 TIMING_UPDATE = "timing/update"  # seconds of the trainer step itself
@@ -140,7 +142,7 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self._jsonl is not None:
-            self._jsonl.close()
+            close_synced(self._jsonl)
             self._jsonl = None
         if self._tb is not None:
             self._tb.close()

@@ -6,13 +6,13 @@ summary.json), so `asp-npu report RUN_DIR` redraws it after the run, on any mach
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
+from asp_npu.io import atomic_write_with
 from asp_npu.observe.metrics import (
     E2E_TPS,
     LAG_MAX,
@@ -160,19 +160,8 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
 
     fig.tight_layout()
     target = Path(out) if out is not None else run / rd.REPORT
-    tmp = target.with_name(f".{target.name}.tmp.png")
     try:  # temp + fsync + rename: a failed write leaves neither a torn report nor the temp file
-        with open(tmp, "wb") as f:
-            fig.savefig(f, format="png", dpi=90)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"{target}: cannot write the report ({exc.strerror or exc})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        atomic_write_with(target, lambda f: fig.savefig(f, format="png", dpi=90))
     finally:
         plt.close(fig)
     return target

@@ -19,12 +19,13 @@ from asp_npu.config import Config
 from asp_npu.core import run_dir as rd
 from asp_npu.core.records import GroupKey, Minibatch
 from asp_npu.core.shape import RunShape
+from asp_npu.io import close_synced
 from asp_npu.observe import metrics as M
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
 from asp_npu.pipeline.weights import Refreshed
 from asp_npu.types import Trajectory
 
-RUN_LOG = "run_log.jsonl"  # failures, retries, restarts and recoveries, one JSON line each, as they happen
+RUN_LOG = rd.RUN_LOG  # failures, retries, restarts and recoveries, one JSON line each, as they happen
 
 
 class Recorder:
@@ -204,5 +205,5 @@ class Recorder:
     def close(self) -> None:
         for f in (self._samples, self._log):
             if f is not None:
-                f.close()
+                close_synced(f)
         self.metrics.close()

@@ -81,11 +81,12 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
           overwrite: bool = False) -> dict[str, Any]:
     """One training run into `trainer.run_dir` (config already preflighted); returns the run summary.
 
-    The run directory is checked first and only cleared once the prompts have loaded, so a bad data
-    path or an existing run costs one line and leaves the previous run as it was (`overwrite`:
-    replace a previous run's checkpoints)."""
+    The run directory is checked first and only prepared once the prompts and the model have passed,
+    so a bad data path or an existing run costs one line and leaves the previous run as it was
+    (`overwrite`: replace a previous run's checkpoints). Even then the previous run's files are only
+    set aside: they are deleted once the new run has trained, and put back if it fails before its
+    first trainer step (instances that cannot start, a failed warm start, Ctrl-C)."""
     from asp_npu.observe.report import draw_report
-    from asp_npu.pipeline.controller import Controller
 
     check_run_dir(cfg, overwrite)
     prompts = load_run_prompts(cfg)
@@ -96,12 +97,31 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
     # resuming into the same run directory must not clear the checkpoint it resumes from
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
                            keep_checkpoints=bool(cfg.actor_config.load), overwrite=overwrite)
+    try:
+        summary = run_controller(cfg, run, prompts, kind, console, label)
+    except BaseException:
+        if run.trained():
+            run.commit()  # the new run's steps and checkpoints are the run now
+        else:
+            try:
+                run.rollback()
+            except OSError:
+                pass  # the previous run stays in its previous-run.* folder; the run's own error is the news
+        raise
+    run.commit()
+    draw_report(run.path)
+    return summary
+
+
+def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool,
+                   label: str) -> dict[str, Any]:
+    """Warm start (if configured), then the controller from start to its summary."""
+    from asp_npu.pipeline.controller import Controller
+
     warm_start(cfg, run)
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
     try:
         ctl.start()
-        summary = ctl.run()
+        return ctl.run()
     finally:
         ctl.close()
-    draw_report(run.path)
-    return summary

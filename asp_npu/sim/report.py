@@ -3,6 +3,7 @@ and the bubble plot, all from the simulator's `ModeRun`s."""
 
 from __future__ import annotations
 
+from asp_npu.io import atomic_write_with
 from asp_npu.sim.modes import BASELINES
 from asp_npu.sim.run import ModeRun
 
@@ -140,5 +141,7 @@ def plot(
         ax2.set_title("scaling with instances")
         ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # temp + fsync + rename: a failed write leaves neither a torn plot nor the temp file
+        atomic_write_with(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)

@@ -281,23 +281,24 @@ def to_numpy(tensors: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 def save_hf_folder(weights: HFWeights, src_dir: str | Path, out_dir: str | Path,
                    dtype: str = "float32") -> Path:
-    """Write an HF folder (config + tokenizer copied from `src_dir`, new weights) that vLLM can load."""
+    """Write an HF folder (config + tokenizer copied from `src_dir`, new weights) that vLLM can load.
+
+    All or nothing (`atomic_replace_dir`): a failure leaves a previous `out_dir` as it was."""
     import shutil
+
+    from asp_npu.io import atomic_replace_dir
 
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for f in Path(src_dir).iterdir():
-        if f.is_file() and not f.name.startswith(("model.safetensors", "pytorch_model")):
-            shutil.copy2(f, tmp / f.name)
-    (tmp / "model.safetensors").write_bytes(weights.to_safetensors_bytes(dtype))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    blob = weights.to_safetensors_bytes(dtype)
+
+    def fill(tmp: Path) -> None:
+        for f in Path(src_dir).iterdir():
+            if f.is_file() and not f.name.startswith(("model.safetensors", "pytorch_model")):
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "model.safetensors").write_bytes(blob)
+
+    return atomic_replace_dir(out, fill)
 
 
 def load_safetensors_bytes(blob: bytes) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -136,7 +138,9 @@ def warm_start(
     group = TrainerGroup(cfg)
     metrics: dict[str, float] = {}
     losses: list[float] = []
-    tmp_eval = out.with_name(out.name + ".eval")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    eval_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".eval", dir=out.parent))
+    tmp_eval = eval_dir / "model"  # the model evaluated mid-run: a unique name, removed at the end
     try:
         order: list[int] = []
         for step in range(1, steps + 1):
@@ -158,10 +162,7 @@ def warm_start(
         save_hf_folder(group.get_hf_weights(), src, out)
     finally:
         group.shutdown()
-        if tmp_eval.exists():
-            import shutil
-
-            shutil.rmtree(tmp_eval)
+        shutil.rmtree(eval_dir, ignore_errors=True)
     seconds = time.time() - t0
     evals.append({"step": steps, **evaluate(out, eval_set, max_new)})
     log(

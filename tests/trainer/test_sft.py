@@ -37,6 +37,7 @@ def test_sft_warm_start_lowers_loss_and_writes_hf_folder(tiny_model_dir, tmp_pat
     assert [e["step"] for e in result["evals"]] == [0, 12]
     assert all(0.0 <= e["exact_match"] <= e["reward"] + 1e-9 <= 1.0 + 1e-9 for e in result["evals"])
     out = check_model_dir(result["out"])
+    assert [p.name for p in tmp_path.iterdir()] == ["sft"]  # no temp or evaluation folder left behind
     before, after = read_hf_state(tiny_model_dir), read_hf_state(out)
     assert set(before) == set(after)
     key = "model.layers.0.mlp.up_proj.weight"
