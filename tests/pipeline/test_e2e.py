@@ -103,7 +103,7 @@ def test_resume_continues_from_the_checkpoint(bench):
     generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared.
     It runs two instances (the bench ran one): on 2 cores they share the cores with the trainer."""
     _, runs = bench
-    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS / "final"
+    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS
     out = runs / "asp_resumed"
     rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", f"model.path={runs.parent / 'tiny'}",
                    f"actor_config.load={ckpt}", "trainer.train_iters=3", f"trainer.run_dir={out}",
