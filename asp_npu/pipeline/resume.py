@@ -22,6 +22,7 @@ either stops with one line or (`trainer.max_restarts`) starts again from the las
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 from dataclasses import dataclass, field
@@ -178,12 +179,23 @@ def last_checkpoint(root: Path) -> Path | None:
     return root if (root / POINTER).is_file() else None
 
 
-def install_signals(ctrl: Any) -> None:
-    """SIGTERM/SIGINT: checkpoint at the next step boundary and stop; a second signal stops at once."""
+def install_signals(ctrl: Any) -> dict[int, Any]:
+    """SIGTERM/SIGINT: checkpoint at the next step boundary and stop; a second signal stops at once.
+    Returns the handlers it replaced (for `restore_signals`); none off the main thread."""
+    import threading
+
     def on_signal(signum: int, _frame: Any) -> None:
         if ctrl.stop_signal is not None:
             raise KeyboardInterrupt
         ctrl.stop_signal = signal.Signals(signum).name  # the loop looks at it at least every second
+        os.write(2, f"asp-npu: {ctrl.stop_signal}: checkpointing after the trainer step in flight, then "
+                    "stopping (send it again to stop at once, without a checkpoint)\n".encode())
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

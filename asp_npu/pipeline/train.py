@@ -118,16 +118,19 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
     for row in restarts:
         ctl.recorder.event(**row)
     t0 = time.time()
+    handlers = resume.install_signals(ctl)  # a signal during start-up stops at the first step boundary
     try:
         ctl.start()
-        resume.install_signals(ctl)
         return ctl.run()
     except Exception as exc:  # noqa: BLE001 - only a trainer rank's failure is handled here
         failure = resume.trainer_failure(exc)
         if failure is None:
             raise
     finally:
-        ctl.close()  # every actor, the queue and Ray: bounded, never raises
+        try:
+            ctl.close()  # every actor, the queue and Ray: bounded, never raises
+        finally:
+            resume.restore_signals(handlers)
     root = resume.checkpoint_root(ctl)
     ckpt = resume.last_checkpoint(root)
     where = f"last checkpoint {root} (resume with actor_config.load={root})" if ckpt else "no checkpoint yet"
@@ -143,13 +146,14 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
 
 
 def _restart_config(cfg: Config, run: rd.RunDir) -> Config:
-    """The config of a restart: resume from the last complete checkpoint (from the start when none)."""
+    """The config of a restart: resume from the last complete checkpoint (when none was written yet, from
+    where this run started: its own `actor_config.load`, or the beginning)."""
     import copy
 
     from asp_npu.pipeline import resume
 
     new = copy.deepcopy(cfg)
     root = Path(cfg.actor_config.save or run.checkpoints)
-    new.actor_config.load = str(root) if resume.last_checkpoint(root) else ""
+    new.actor_config.load = str(root) if resume.last_checkpoint(root) else cfg.actor_config.load
     new.model.warm_start_steps = 0  # model.path already names the warm-started policy
     return new

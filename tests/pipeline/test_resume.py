@@ -46,7 +46,8 @@ def _start(model: Path, run: Path, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml", *ARGS,
            f"model.path={model}", f"trainer.run_dir={run}", *extra]
     log = open(run.parent / f"{run.name}.{len(list(run.parent.glob(run.name + '.*.log')))}.log", "w")  # noqa: SIM115
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    env = {**os.environ, "RAY_ADDRESS": "local"}  # a new local Ray, never a cluster `ray start` left running
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _steps(run: Path) -> int:
