@@ -121,6 +121,7 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
     handlers = resume.install_signals(ctl)  # a signal during start-up stops at the first step boundary
     try:
         ctl.start()
+        resume.install_signals(ctl)  # again: Ray's start-up put its own (fatal) SIGTERM handler in place
         return ctl.run()
     except Exception as exc:  # noqa: BLE001 - only a trainer rank's failure is handled here
         failure = resume.trainer_failure(exc)
