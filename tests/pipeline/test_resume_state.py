@@ -106,3 +106,29 @@ def test_stopped_names_the_checkpoint_and_how_to_resume(tmp_path):
     s = Stopped("SIGTERM", 5, tmp_path / "iter_0000005", tmp_path)
     assert s.exit_code == 128 + signal.SIGTERM and Stopped("SIGINT", 1, tmp_path, tmp_path).exit_code == 130
     assert f"actor_config.load={tmp_path}" in str(s) and "step 5" in str(s)
+
+
+def test_only_a_trainer_ranks_failure_restarts_the_run():
+    from asp_npu.pipeline.resume import trainer_failure
+    from asp_npu.remote import ActorLost, ActorTimeout
+
+    dead = ActorLost("trainer rank 1", "trainer rank 1 died (train_step)")
+    assert trainer_failure(dead) is dead
+    assert trainer_failure(ActorTimeout("trainer rank 0", "no answer")) is not None  # a hung rank
+    assert trainer_failure(ActorLost("rollout instance 0", "died")) is None  # recovery.py's job
+    assert trainer_failure(ValueError("x")) is None
+
+
+def test_a_restart_resumes_from_the_last_checkpoint_or_where_the_run_started(tmp_path):
+    from asp_npu.config import load_config
+    from asp_npu.core import run_dir as rd
+    from asp_npu.pipeline.train import _restart_config
+
+    run = rd.RunDir(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    cfg = load_config(None, ["actor_config.load=/elsewhere", "model.warm_start_steps=5"])
+    again = _restart_config(cfg, run)
+    assert again.actor_config.load == "/elsewhere" and again.model.warm_start_steps == 0
+    commit_checkpoint(run.checkpoints, _iteration(run.checkpoints, 2))
+    assert _restart_config(cfg, run).actor_config.load == str(run.checkpoints)
+    assert cfg.actor_config.load == "/elsewhere"  # the caller's config is not changed
