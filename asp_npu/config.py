@@ -180,14 +180,18 @@ class TrainerConfig:
 
     train_iters: int = 10
     run_dir: str = "runs/latest"
-    save_freq: int = 10  # checkpoint at the first resumable step (an iteration and weight-refresh
-    # boundary) at least this many steps after the previous one; 0 = only at the end; < 0 = never
+    save_freq: int = 10  # checkpoint (trainer + pipeline state: an exact resume) every this many trainer
+    # steps; 0 = only at the end; < 0 = never (a SIGTERM/SIGINT still checkpoints)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
     n_devices_per_node: int = 0  # 0 = detect
     card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
     stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress
+    # a trainer rank that dies or hangs stops the run cleanly; it is then started again from the last
+    # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs
+    # the steps since the checkpoint; a fault that repeats stops the run after one more try)
+    max_restarts: int = 1
 
 
 @dataclass

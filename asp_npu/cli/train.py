@@ -6,12 +6,14 @@ started, so a bad value costs one line and no half-made run directory (asp_npu/p
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.core import run_dir as rd
 from asp_npu.pipeline.preflight import preflight
+from asp_npu.pipeline.resume import Stopped, TrainerFailed
 from asp_npu.pipeline.train import train
 
 
@@ -24,7 +26,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides, check=False)
     kind = preflight(cfg)
-    summary = train(cfg, kind, overwrite=args.overwrite)
+    try:
+        summary = train(cfg, kind, overwrite=args.overwrite)
+    except Stopped as stop:  # SIGTERM/SIGINT: checkpointed, one line on how to resume
+        print(f"asp-npu: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_code
+    except TrainerFailed as exc:  # every actor and Ray are down; the last checkpoint is named
+        print(f"asp-npu: {exc}", file=sys.stderr, flush=True)
+        return 1
     run = Path(cfg.trainer.run_dir)
     print(
         f"done: {summary['steps']} steps, {summary['throughput_tokens_per_s']:.0f} tokens/s, "

@@ -8,7 +8,8 @@ injected `clock`). The lag rule lives in `asp_npu.core.staleness`; this class ke
 Life of a group: `capacity(version)` > 0 -> `admit(group, version)` (generation starts with weights
 `version`) -> `put(group)` when all its samples finished -> handed out by `get()` inside a minibatch
 of `minibatch_groups` whole groups, oldest deadline first. `cancel(group)` returns an admitted group
-whose instance died (it may be admitted again later).
+whose instance died (it may be admitted again later). `snapshot()`/`restore()` carry the queued groups and
+the consumed count across a checkpoint (groups still in flight are not carried: they are generated again).
 """
 
 from __future__ import annotations
@@ -282,6 +283,29 @@ class TrainQueue:
         self.consumed += len(groups)
         self._record(now)
         return Handout(step, groups, now)
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def snapshot(self) -> tuple[int, list[QueuedGroup]]:
+        """(groups consumed, the queued groups in handout order) -- what a checkpoint carries."""
+        items = [(d, item) for d in sorted(self._queued) for item in sorted(self._queued[d])]
+        return self.consumed, [g for _, (_, _, g) in items]
+
+    def restore(self, consumed: int, groups: list[QueuedGroup], now: float | None = None) -> None:
+        """An empty queue takes a snapshot back: the consumed count and the queued groups (with their
+        versions, so deadlines and the lag ledger are the checkpointed run's)."""
+        if self._in_flight or self._n_queued or self.consumed:
+            raise RuntimeError("restore needs a fresh TrainQueue")
+        self.consumed = consumed
+        now = self._now(now)
+        for g in groups:
+            oldest = g.version if g.oldest_version is None else g.oldest_version
+            d = group_deadline(oldest, g.version, self.max_lag, self.max_token_lag)
+            self._outstanding[d] = self._outstanding.get(d, 0) + 1
+            key = self._seq if self.order == "fifo" else (g.tokens, self._seq)
+            heapq.heappush(self._queued.setdefault(d, []), (key, self._seq, g))
+            self._seq += 1
+            self._n_queued += 1
+        self._record(now)
 
     def summary(self) -> dict[str, float]:
         """Queue metrics: lag mean/max, occupancy mean/max (time-weighted over the recorded span)."""

@@ -2,27 +2,21 @@
 
 One process (the driver) runs the loop; the engines, the trainer ranks and the TrainQueue are Ray
 actors (`fleet.py`). Per planning window (one global batch of `rl_config.global_batch_size` prompts =
-one iteration, MindSpeed-RL style) the window planner (`asp_npu.core.window`) predicts and plans the
-window into units; then, asynchronous modes:
-
-1. dispatch units to instances as far ahead as the mode allows (`asp_npu.core.policy`), each admitted
-   whole by the TrainQueue at the weights version its instance holds (bounded lag: prevent, never
-   discard); a withheld unit marks its instance `blocked`;
-2. wait for finished groups (the instances stream them straight into the queue actor) and feed every
-   finished sample's length to the predictor;
-3. when the trainer is free, take a complete minibatch from the queue and run the step in a worker
-   thread (dispatching goes on meanwhile);
-4. every k steps the step also gathers the new weights; they are published once and every instance
-   loads them between two engine steps (`weights.py`; in flight or by draining), no global stop.
+one iteration) the window planner (`asp_npu.core.window`) predicts and plans units; asynchronous modes
+then (1) dispatch units as far ahead as the mode allows (`asp_npu.core.policy`), each admitted whole by
+the TrainQueue at the weights version its instance holds (bounded lag: prevent, never discard);
+(2) wait for finished groups (streamed into the queue actor) and feed their lengths to the predictor;
+(3) when the trainer is free, take a complete minibatch and run the step in a worker thread; (4) every
+k steps also gather the new weights, published once and loaded by every instance between two engine
+steps (`weights.py`), no global stop.
 
 `mindspeed-sync` alternates instead: generate the whole window, pause engines, train every step,
-resume + refresh. What the run produced goes to the run directory (`recorder.py`, `core/run_dir.py`).
+resume + refresh. Output: the run directory (`recorder.py`); checkpoints and resume: `resume.py`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -37,6 +31,7 @@ from asp_npu.core.policy import DispatchPolicy, Ports
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.window import WindowPlanner, window_stream
 from asp_npu.errors import UserError
+from asp_npu.pipeline import resume
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
@@ -46,10 +41,9 @@ from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
 from asp_npu.types import PromptItem, TrainBatch
 
-WAIT_S = 1.0  # longest block between events; the loop wakes at once on arrivals, refreshes, trainer steps
+WAIT_S = 1.0  # longest block between events (and between looks at `stop_signal`)
 
 __all__ = ["Controller", "window_stream"]
-
 
 class Controller:
     """Owns the parts of one run; `run()` trains `trainer.train_iters` iterations and returns the summary."""
@@ -77,6 +71,8 @@ class Controller:
         self.step = 0  # trainer steps done = the weights version the trainer holds
         self.base = 0  # step a resumed run continues after (`actor_config.load`); the ledger counts from it
         self.saved = 0  # step of the last checkpoint
+        self.stop_signal: str | None = None  # set by SIGTERM/SIGINT: checkpoint and stop (resume.py)
+        self.resumed_pending: int | None = None  # groups a resumed window still needs generated
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
         self._tokenizer: Any = None
@@ -92,10 +88,8 @@ class Controller:
                                     self.fleet.kind, self.mode.colocated)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
-        load = self.cfg.actor_config.load
-        if load:  # the predictor starts cold (its history is not checkpointed)
-            self.step = self.base = self.saved = int(self.fleet.trainer.load(load)["step"])
-            self.next_window = self.step // self.shape.steps_per_window
+        if self.cfg.actor_config.load:  # trainer, queue, ledger, data position, predictor
+            resume.restore(self, self.cfg.actor_config.load)
             self._publish()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
 
@@ -122,36 +116,35 @@ class Controller:
     def _prompt_len(self, item: PromptItem) -> int:
         from asp_npu.data.datasets import encode_prompt
 
-        if item.prompt_token_ids is not None:
-            return len(item.prompt_token_ids)
-        return len(encode_prompt(item, self._tok()))
+        ids = item.prompt_token_ids
+        return len(ids if ids is not None else encode_prompt(item, self._tok()))
 
     def plan_window(self) -> bool:
         """Predict, plan and feed the next window's units; False when every window is planned."""
         if self.next_window >= self.shape.iterations:
             return False
-        w = self.next_window
         self.next_window += 1
-        items = self.window_items(w)
+        self.plan_items(self.next_window - 1, self.window_items(self.next_window - 1))
+        return True
+
+    def plan_items(self, w: int, items: list[PromptItem]) -> None:
+        """Plan and feed `items` (window `w`'s prompts, or those a resumed run still needs)."""
         plens = np.array([self._prompt_len(it) for it in items], dtype=np.int64)
         base_ids = np.array([it.meta["base_id"] for it in items], dtype=str)
-        keys = [it.prompt_id for it in items]
-        wp = self.planner.plan(w, keys, base_ids, plens, seed=self.cfg.data.seed + w)
+        wp = self.planner.plan(w, [it.prompt_id for it in items], base_ids, plens, self.cfg.data.seed + w)
         assert wp.plan is not None
         wp.plan.write_json(self.run_dir.plans / f"window_{w:04d}.json")
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
         self.fleet.add_prompts(items, self.policy.down)
-        return True
 
     def _ledger_version(self, weights_step: int) -> int:
         """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
         return (weights_step - self.base) // self.shape.steps_per_version
 
     def dispatch(self) -> None:
-        now = time.time()
         assert self.weights is not None
-        held = self.weights.held
+        now, held = time.time(), self.weights.held
 
         def admit(unit: Unit, i: int) -> bool:
             return self.fleet.admit(unit, self._ledger_version(held[i]), i)
@@ -210,11 +203,9 @@ class Controller:
 
     def _log_and_save(self, row: dict[str, Any]) -> None:
         self.recorder.log(self.step, row)
-        f, sh = self.cfg.trainer.save_freq, self.shape
-        resumable = self.step % math.lcm(sh.steps_per_window, sh.steps_per_version) == 0
-        if f > 0 and resumable and self.step - self.saved >= f and self.step < sh.total_steps:
-            self.fleet.trainer.save(str(self.run_dir.checkpoints / f"step_{self.step:06d}"))
-            self.saved = self.step
+        f = self.cfg.trainer.save_freq
+        if f > 0 and self.step - self.saved >= f and self.step < self.shape.total_steps:
+            resume.save(self, "save_freq")
 
     # ------------------------------------------------------------------ the loops
     def run(self) -> dict[str, Any]:
@@ -223,10 +214,11 @@ class Controller:
         t_end = time.time()
         self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
-            self.fleet.trainer.save(str(self.run_dir.checkpoints / "final"))
+            resume.save(self, "end")
         stats = self.fleet.stats()
         labels = {u.uid: f"w{u.window}/u{u.uid}" for u in self.policy.units.values()}
         planned = {"planned_groups": len(self.policy.group_unit), "windows": self.plan_summaries,
+                   "consumed_group_ids": resume.consumed_ids(self),
                    "planned_samples": self.policy.planned_samples(), "failures": self.supervisor.summary()}
         summary = self.recorder.finish(stats, self.fleet.series(), t_end, self.step, labels,
                                        self.fleet.placement_summary(), planned)
@@ -242,8 +234,10 @@ class Controller:
         mb: Minibatch | None = None
         waited_from = last_progress = time.time()
         while self.step < total:
+            if self.stop_signal and future is None:
+                resume.stop(self)
             self.dispatch()
-            if future is None:
+            if future is None and not self.stop_signal:
                 mb = self.fleet.take_batch(0.0)
                 if mb is not None:
                     refresh = (self.step + 1) % k == 0 and self.step + 1 < total
@@ -269,15 +263,18 @@ class Controller:
         """MindSpeed-RL integrated worker: generate a whole window, pause engines, train all its steps."""
         assert self.weights is not None
         sh = self.shape
-        for _ in range(self.next_window, sh.iterations):
+        while self.step < sh.total_steps:
             t_gen = time.time()
             self.recorder.end_lent(t_gen)
             self.fleet.resume()  # wake up: resume engines, load the newest weights everywhere, then generate
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
-            if not self.plan_window():
-                raise AssertionError("mindspeed-sync: no window left to plan")
+            resumed = self.resumed_pending
+            need = resumed if resumed is not None else sh.window * self.plan_window()
+            self.resumed_pending = None
             got, last_progress = 0, time.time()
-            while got < sh.window:
+            while got < need:
+                if self.stop_signal:
+                    resume.stop(self)
                 self.dispatch()
                 rows = self._wait_events(WAIT_S)
                 if rows:
@@ -288,7 +285,9 @@ class Controller:
             self.fleet.pause()  # engines sleep while the trainer runs
             t_train = time.time()
             self.recorder.generated(t_gen, t_pause, t_train)
-            for s in range(sh.steps_per_window):
+            for s in range(sh.steps_per_window - self.step % sh.steps_per_window):
+                if self.stop_signal:
+                    resume.stop(self)
                 waited_from = time.time()
                 mb = self.fleet.take_batch(30.0)
                 if mb is None:

@@ -83,15 +83,18 @@ def resume_step(cfg: Config) -> int:
 
 
 def resume_problems(cfg: Config) -> list[str]:
-    """A resumed run continues at an iteration (planning window) and weight-refresh boundary."""
+    """A checkpoint with the pipeline's state resumes at any step; a trainer-only one at an iteration
+    (planning window) and weight-refresh boundary."""
     load = cfg.actor_config.load
     try:
         step = resume_step(cfg)
     except ConfigError as exc:
         return [str(exc)]
+    from asp_npu.pipeline.resume import load_state
+
     shape = RunShape.from_config(cfg)
     per_window, k, total = shape.steps_per_window, shape.steps_per_version, shape.total_steps
-    if step % per_window or step % k:
+    if (step % per_window or step % k) and load_state(load) is None:  # exact resume: any step
         return [f"actor_config.load: '{load}' is at step {step}; a run resumes at an iteration boundary "
                 f"(a multiple of {per_window} steps and of the refresh interval {k}): set trainer.save_freq "
                 "to a multiple of both"]

@@ -7,7 +7,9 @@ whole units admitted all-or-none, groups assembled from `list[Trajectory]` (the 
 `RolloutInstance`), a waitable `get_batch`, and an arrivals log the controller polls for progress.
 
 Group ids are the instance-level prompt ids (`str(GroupKey)`: `<prompt_id>@<epoch>`), unique within a
-run. Messages to the driver are `asp_npu.core.records.Arrival` and `Minibatch`.
+run. Messages to the driver are `asp_npu.core.records.Arrival` and `Minibatch`. The actor keeps the
+ledger of consumed group ids (handout order); `snapshot`/`restore` carry it and the queued groups
+(payloads: trajectories with versions and behaviour logprobs) across a checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from typing import Any
 
 from asp_npu.core.records import Arrival, Minibatch
-from asp_npu.core.train_queue import TrainQueue
+from asp_npu.core.train_queue import QueuedGroup, TrainQueue
 from asp_npu.types import Trajectory
 
 WARMUP_PREFIX = "__warmup__"
@@ -33,6 +35,7 @@ class QueueService:
         self.group_size = group_size
         self.arrivals: list[Arrival] = []  # one per put group, in arrival order
         self.handouts: list[dict[str, Any]] = []
+        self.consumed_ids: list[str] = []  # every group handed to the trainer, in order (resumed ones first)
         self.owner: dict[str, int] = {}  # admitted group -> the instance generating it
         self.failures: list[tuple[str, int, str]] = []  # (group, instance, error) of failed requests
         self.stale_puts = 0  # groups put by an instance that no longer owns them (it was declared lost)
@@ -118,6 +121,7 @@ class QueueService:
                 mb = Minibatch(h.step, h.t, tuple(g.group_id for g in h.groups), tuple(h.lags), queued_before,
                                [t for g in h.groups for t in g.payload])
                 self.handouts.append(mb.row())
+                self.consumed_ids += [str(g) for g in mb.groups]
                 self._notify()
                 return mb
             left = deadline - time.monotonic()
@@ -148,6 +152,19 @@ class QueueService:
             except TimeoutError:
                 break
         return self.arrivals[since:], self.wakes, self.failures[failures_seen:]
+
+    async def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint carries: the consumed-id ledger and the queued groups (in handout order);
+        groups in flight are not carried (a resumed run generates them again)."""
+        consumed, queued = self.queue.snapshot()
+        return {"consumed": consumed, "consumed_ids": list(self.consumed_ids), "queued": queued}
+
+    async def restore(self, consumed: int, consumed_ids: list[str], queued: list[QueuedGroup]) -> int:
+        """Take a checkpoint's queue back (before any admission); returns the groups queued."""
+        self.queue.restore(consumed, queued, time.time())
+        self.consumed_ids = list(consumed_ids)
+        self._notify()
+        return self.queue.n_queued
 
     async def state(self) -> dict[str, Any]:
         q = self.queue

@@ -85,7 +85,10 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
     so a bad data path or an existing run costs one line and leaves the previous run as it was
     (`overwrite`: replace a previous run's checkpoints). Even then the previous run's files are only
     set aside: they are deleted once the new run has trained, and put back if it fails before its
-    first trainer step (instances that cannot start, a failed warm start, Ctrl-C)."""
+    first trainer step (instances that cannot start, a failed warm start, Ctrl-C). SIGTERM/SIGINT
+    checkpoint and raise `resume.Stopped`; a trainer rank that dies or hangs stops the run cleanly
+    and, `trainer.max_restarts` times, starts it again from the last complete checkpoint (then
+    `resume.TrainerFailed`)."""
     from asp_npu.observe.report import draw_report
 
     check_run_dir(cfg, overwrite)
@@ -115,13 +118,65 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
 
 def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool,
                    label: str) -> dict[str, Any]:
-    """Warm start (if configured), then the controller from start to its summary."""
+    """Warm start (if configured), then the controller from start to its summary (restarted from the
+    last checkpoint when a trainer rank fails, `trainer.max_restarts` times)."""
+    warm_start(cfg, run)
+    restarts: list[dict[str, Any]] = []  # each attempt's run_log starts with the restarts before it
+    while True:
+        summary = _attempt(cfg, run, prompts, kind, console, label, restarts)
+        if summary is not None:
+            break
+        cfg = _restart_config(cfg, run)
+    return summary
+
+
+def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool, label: str,
+             restarts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One start of the pipeline; None: a trainer rank failed and the run restarts from its checkpoint."""
+    from asp_npu.pipeline import resume
     from asp_npu.pipeline.controller import Controller
 
-    warm_start(cfg, run)
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
+    for row in restarts:
+        ctl.recorder.event(**row)
+    t0 = time.time()
+    handlers = resume.install_signals(ctl)  # a signal during start-up stops at the first step boundary
     try:
         ctl.start()
+        resume.install_signals(ctl)  # again: Ray's start-up put its own (fatal) SIGTERM handler in place
         return ctl.run()
+    except Exception as exc:  # noqa: BLE001 - only a trainer rank's failure is handled here
+        failure = resume.trainer_failure(exc)
+        if failure is None:
+            raise
     finally:
-        ctl.close()
+        try:
+            ctl.close()  # every actor, the queue and Ray: bounded, never raises
+        finally:
+            resume.restore_signals(handlers)
+    root = resume.checkpoint_root(ctl)
+    ckpt = resume.last_checkpoint(root)
+    where = f"last checkpoint {root} (resume with actor_config.load={root})" if ckpt else "no checkpoint yet"
+    line = f"{failure.who} failed at trainer step {ctl.step} ({time.time() - t0:.0f}s in): {failure}; {where}"
+    limit = cfg.trainer.max_restarts
+    if len(restarts) >= limit:
+        raise resume.TrainerFailed(f"{line}; trainer.max_restarts={limit} used up")
+    print(f"asp-npu: {line}; restarting the run from it ({len(restarts) + 1}/{limit})", file=sys.stderr,
+          flush=True)
+    restarts.append({"kind": "trainer_restart", "who": failure.who, "step": ctl.step, "cause": str(failure),
+                     "from": str(ckpt or ""), "t_failed": time.time()})
+    return None
+
+
+def _restart_config(cfg: Config, run: rd.RunDir) -> Config:
+    """The config of a restart: resume from the last complete checkpoint (when none was written yet, from
+    where this run started: its own `actor_config.load`, or the beginning)."""
+    import copy
+
+    from asp_npu.pipeline import resume
+
+    new = copy.deepcopy(cfg)
+    root = Path(cfg.actor_config.save or run.checkpoints)
+    new.actor_config.load = str(root) if resume.last_checkpoint(root) else cfg.actor_config.load
+    new.model.warm_start_steps = 0  # model.path already names the warm-started policy
+    return new

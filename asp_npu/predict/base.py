@@ -92,6 +92,23 @@ class ObservationLog:
         self._chunks.append((ids, np.array(ep), lens, pl))
         self.version += 1
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every observation, as plain arrays (a checkpoint carries them)."""
+        ids, ep, ln, pl = self.arrays()
+        return {"prompt_ids": ids.copy(), "epochs": ep.copy(), "response_lens": ln.copy(),
+                "prompt_lens": pl.copy()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the log by a `state_dict` (fitted state goes stale through the version bump)."""
+        self._chunks = []
+        self._pending = ([], [], [], [])
+        ids = np.asarray(state["prompt_ids"]).astype(str)
+        if ids.size:
+            self._chunks.append((ids, np.asarray(state["epochs"], dtype=np.int64),
+                                 np.asarray(state["response_lens"], dtype=np.float64),
+                                 np.asarray(state["prompt_lens"], dtype=np.float64)))
+        self.version += 1
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(prompt_ids str, epochs int64, response_lens float64, prompt_lens float64; -1 = unknown)."""
         if self._pending[0]:

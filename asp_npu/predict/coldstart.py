@@ -45,6 +45,13 @@ class PromptLenPredictor:
     ) -> None:
         self.log.add_many(prompt_ids, epochs, response_lens, prompt_lens)
 
+    def state_dict(self) -> dict[str, object]:
+        """What a checkpoint carries: the observations (the fit is recomputed from them exactly)."""
+        return {"name": self.name, "log": self.log.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.log.load_state_dict(state["log"])  # type: ignore[arg-type]
+
     def _fit(self) -> None:
         if self._fit_version == self.log.version:
             return

@@ -51,6 +51,15 @@ class HistoryPredictor:
         self.log.add_many(prompt_ids, epochs, response_lens, prompt_lens)
         self.cold.observe_many(prompt_ids, epochs, response_lens, prompt_lens)
 
+    def state_dict(self) -> dict[str, object]:
+        """What a checkpoint carries: the observations (every fitted statistic is recomputed from them,
+        so a restored predictor predicts exactly what this one does)."""
+        return {"name": self.name, "log": self.log.state_dict(), "cold": self.cold.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.log.load_state_dict(state["log"])  # type: ignore[arg-type]
+        self.cold.load_state_dict(state["cold"])  # type: ignore[arg-type]
+
     def _fit(self) -> None:
         if self._fit_version == self.log.version:
             return

@@ -31,6 +31,13 @@ class OraclePredictor:
     ) -> None:
         self.cold.observe_many(prompt_ids, epochs, response_lens, prompt_lens)
 
+    def state_dict(self) -> dict[str, object]:
+        return {"name": self.name, "cold": self.cold.state_dict(), "truth": self.truth.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.cold.load_state_dict(state["cold"])  # type: ignore[arg-type]
+        self.truth.load_state_dict(state["truth"])  # type: ignore[arg-type]
+
     def reveal(self, prompt_ids: ArrayLike, response_lens: ArrayLike) -> None:
         """The true lengths of the epoch to predict (replaces anything revealed before)."""
         self.truth = ObservationLog()

@@ -7,13 +7,19 @@ Layout of `<dir>/`:
   optimizer's state in megatron's `fully_reshardable` form);
 - `iter_<step>/rng_rank<r>.pt` — each rank's RNG states (torch, numpy, python, megatron's tracker),
   restored when the layout is unchanged (dropout is off, so a resharded resume does not depend on them);
-- `latest.json` — step, policy version, layout and optimizer kind; written last, atomically, after a
-  barrier, so a crash mid-save leaves the previous checkpoint as the one that loads.
+- `iter_<step>/trainer.json` — step, policy version, layout and optimizer kind: written (temp + fsync +
+  rename) by rank 0 once every rank has written and fsync'd its shards, so it marks a complete iteration;
+- `iter_<step>/pipeline.pkl` — the pipeline's state (queue, ledger, data position, predictor), written
+  by the driver (`asp_npu.pipeline.resume`);
+- `latest.json` — the pointer: the complete iteration to load, moved atomically only after all of the
+  above, so a crash mid-save leaves the previous checkpoint as the one that loads. Nothing is deleted
+  but a partial folder of the step being saved.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -22,10 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from asp_npu.errors import ConfigError
-from asp_npu.io import atomic_write_json
+from asp_npu.errors import ConfigError, UserError
+from asp_npu.io import atomic_write_json, fsync_dir, read_json_file
 
-SCHEMA = "asp-trainer-ckpt/2"
+SCHEMA = "asp-trainer-ckpt/3"
+POINTER = "latest.json"
+TRAINER_META = "trainer.json"
 
 
 def _rng_state() -> dict[str, Any]:
@@ -94,40 +102,105 @@ def _sharded_state(worker: Any, is_loading: bool) -> dict[str, Any]:
                                                              metadata=_OPT_METADATA)}
 
 
-def save_checkpoint(directory: str | Path, worker: Any) -> Path:
-    """Collective: every rank of the trainer calls it with the same directory."""
+def _committed(root: Path) -> str | None:
+    """The iteration the pointer names (None: no readable pointer)."""
+    try:
+        return str(json.loads((root / POINTER).read_text())["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under `folder` and the folders themselves (shards survive a power loss)."""
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> Path:
+    """Collective: every rank of the trainer calls it with the same directory.
+
+    The shards go to a fresh `iter_<step>/` (a leftover partial one of the same step, never the
+    committed one, is cleared first); every rank fsyncs what it wrote; rank 0 then writes the
+    iteration's `trainer.json` (it is complete) and, with `commit`, moves the pointer `latest.json`
+    (temp + fsync + rename). Without `commit` the caller adds its own files and calls `commit`."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
     root = Path(directory)
     it = root / f"iter_{worker.step:07d}"
-    if dist.get_rank() == 0:
-        if it.exists():
-            shutil.rmtree(it)
-        (it / "dist").mkdir(parents=True)
+    rank = dist.get_rank()
+    done = _committed(root) == it.name and (it / TRAINER_META).is_file()  # this state is saved already
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(it / "dist"))
-    torch.save(_rng_state(), it / f"rng_rank{dist.get_rank()}.pt")
-    dist.barrier()
-    if dist.get_rank() == 0:
+    if not done:
+        if rank == 0:
+            if it.exists():
+                shutil.rmtree(it)  # an uncommitted partial save of this step
+            (it / "dist").mkdir(parents=True)
+        dist.barrier()
+        dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(it / "dist"))
+        torch.save(_rng_state(), it / f"rng_rank{rank}.pt")
+        _fsync_tree(it)
+        dist.barrier()
+    if rank == 0:
         lay = worker.layout
-        atomic_write_json(root / "latest.json", {
-            "schema": SCHEMA, "iteration": it.name, "step": worker.step, "policy_version": worker.version,
-            "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}, "model_path": str(worker.model_path),
-            "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer)})
+        if not done:
+            atomic_write_json(it / TRAINER_META, {
+                "schema": SCHEMA, "iteration": it.name, "step": worker.step,
+                "policy_version": worker.version, "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp},
+                "model_path": str(worker.model_path),
+                "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer)})
+        if commit:
+            commit_checkpoint(root, it)
     dist.barrier()
     return it
 
 
+def commit_checkpoint(root: str | Path, iteration: str | Path, **extra: Any) -> Path:
+    """Point `<root>/latest.json` at a complete iteration (atomic: the old pointer or the new one)."""
+    it = Path(root) / Path(iteration).name
+    meta = read_json_file(it / TRAINER_META, "trainer checkpoint metadata")
+    return atomic_write_json(Path(root) / POINTER, {**meta, **extra})
+
+
+def complete_iterations(root: str | Path) -> list[Path]:
+    """Iteration folders under `root` whose trainer part is complete, oldest first."""
+    r = Path(root)
+    return sorted(p for p in r.glob("iter_*") if (p / TRAINER_META).is_file()) if r.is_dir() else []
+
+
 def read_meta(directory: str | Path) -> dict[str, Any]:
-    p = Path(directory) / "latest.json"
-    if not p.is_file():
+    """The checkpoint `actor_config.load` names: a folder with a `latest.json` pointer, or one complete
+    `iter_<step>` folder. A torn pointer, or one naming an incomplete iteration, is refused with one
+    line that names the newest complete iteration to load instead (never a silent fallback: the
+    steps after it would be trained again)."""
+    d = Path(directory)
+    pointer = d / POINTER
+    if not pointer.is_file() and (d / TRAINER_META).is_file():
+        meta, it = read_json_file(d / TRAINER_META, "trainer checkpoint metadata"), d
+    elif not pointer.is_file():
         raise ConfigError(f"actor_config.load: '{directory}' holds no trainer checkpoint (latest.json)")
-    meta = json.loads(p.read_text())
-    if meta.get("schema") != SCHEMA:
-        raise ConfigError(f"{p}: schema {meta.get('schema')!r} is not {SCHEMA} (written by an older "
+    else:
+        good = complete_iterations(d)
+        instead = (f"; the newest complete one is {good[-1]} (actor_config.load={good[-1]})" if good
+                   else "; no complete iteration is left")
+        try:
+            meta = read_json_file(pointer, "checkpoint pointer")
+            it = d / str(meta["iteration"])
+        except (UserError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{pointer}: torn or unreadable checkpoint pointer ({exc}){instead}") from None
+        if not (it / TRAINER_META).is_file():
+            raise ConfigError(f"{pointer} names {it}, which is incomplete or missing{instead}")
+    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
+        got = meta.get("schema") if isinstance(meta, dict) else meta
+        raise ConfigError(f"{it}: schema {got!r} is not {SCHEMA} (written by an older "
                           "asp-npu: export it to an HF folder and start from that)")
-    return meta
+    return {**meta, "path": str(it)}
 
 
 def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
@@ -142,7 +215,7 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
         raise ConfigError(f"checkpoint {directory} was written with use_distributed_optimizer="
                           f"{str(meta['use_distributed_optimizer']).lower()}; the trainer runs "
                           f"{str(dist_opt).lower()} (its optimizer state layouts differ)")
-    it = Path(directory) / meta["iteration"]
+    it = Path(meta["path"])
     state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
     worker.module.load_state_dict(state["model"], strict=True)
     worker.optimizer.load_state_dict(state["optimizer"])

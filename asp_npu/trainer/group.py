@@ -116,8 +116,10 @@ class TrainerGroup:
         """Trainer rank 0 pushes its weights through vLLM's weight-transfer engine (`rollout.weight_sync`)."""
         return self._all("push_weights_to_rollout", link, send)[0]
 
-    def save(self, directory: str) -> None:
-        self._all("save", str(directory))
+    def save(self, directory: str, commit: bool = True) -> str:
+        """Collective checkpoint into `directory`; returns the iteration folder. Without `commit` the
+        pointer is not moved (the pipeline adds its state first: `checkpoint.commit_checkpoint`)."""
+        return str(self._all("save", str(directory), commit)[0])
 
     def load(self, directory: str) -> dict[str, Any]:
         meta = self._all("load", str(directory))[0]

@@ -614,11 +614,11 @@ class TrainerWorker:
             return None
         return push_from_trainer(link, hf.tensors.items() if hf is not None else None, self.version)
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, commit: bool = True) -> str:
         from asp_npu.trainer.checkpoint import save_checkpoint
 
         with self._resident():
-            save_checkpoint(directory, self)
+            return str(save_checkpoint(directory, self, commit))
 
     def load(self, directory: str) -> dict[str, Any]:
         from asp_npu.trainer.checkpoint import load_checkpoint

@@ -89,7 +89,10 @@ def test_resume_needs_an_iteration_boundary_with_steps_left(tmp_path):
     ckpt.mkdir()
 
     def at(step):
-        (ckpt / "latest.json").write_text(json.dumps({"schema": SCHEMA, "iteration": "iter_1", "step": step}))
+        meta = {"schema": SCHEMA, "iteration": "iter_1", "step": step}
+        (ckpt / "iter_1").mkdir(exist_ok=True)
+        (ckpt / "iter_1" / "trainer.json").write_text(json.dumps(meta))  # a trainer-only checkpoint
+        (ckpt / "latest.json").write_text(json.dumps(meta))
         return _cfg(tmp_path, f"actor_config.load={ckpt}", "rl_config.global_batch_size=8",
                     "trainer.train_iters=5")
 

@@ -79,7 +79,11 @@ def test_run_invariants(bench, mode):
     for name in (rd.REPORT, rd.METRICS, rd.TIMELINE, rd.EVENTS, rd.QUEUE, rd.CONFIG, rd.SUMMARY):
         assert (run / name).stat().st_size > 0, name
     assert any(f.stat().st_size > 0 for f in (run / rd.TENSORBOARD).iterdir())
-    assert any((run / rd.CHECKPOINTS / "final").rglob("*"))
+    from asp_npu.trainer.checkpoint import read_meta
+
+    final = Path(read_meta(run / rd.CHECKPOINTS)["path"])  # the end-of-run checkpoint the pointer commits
+    assert final.name == "iter_0000006" and (final / "pipeline.pkl").is_file()
+    assert any((final / "dist").iterdir())
     trace = json.loads((run / rd.TIMELINE).read_text())
     assert len(trace["traceEvents"]) > 10
     b = summary["bubbles"]
@@ -103,7 +107,7 @@ def test_resume_continues_from_the_checkpoint(bench):
     generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared.
     It runs two instances (the bench ran one): on 2 cores they share the cores with the trainer."""
     _, runs = bench
-    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS / "final"
+    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS
     out = runs / "asp_resumed"
     rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", f"model.path={runs.parent / 'tiny'}",
                    f"actor_config.load={ckpt}", "trainer.train_iters=3", f"trainer.run_dir={out}",

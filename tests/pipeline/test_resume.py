@@ -1,0 +1,160 @@
+"""Exact resume and trainer failure with the real engines and trainer, through `asp-npu train`.
+
+1. SIGTERM to the driver mid-run: it finishes the trainer step in flight, checkpoints (trainer shards +
+   the pipeline's state) and exits 143 with one line naming the checkpoint; the same command with
+   `actor_config.load` resumes, and the run's ledger of consumed group ids is the uninterrupted run's
+   (every group of every planned window, none twice, the pre-stop ledger as its prefix); the restored
+   predictor predicts what it did at the stop.
+2. The trainer rank's process is killed (SIGKILL) after a checkpoint: the run stops cleanly, starts
+   again from that checkpoint (`trainer.max_restarts`, default 1) and completes, every planned group
+   consumed exactly once in the final policy's lineage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asp_npu.config import load_config
+from asp_npu.core import run_dir as rd
+from asp_npu.core.window import window_stream
+from asp_npu.pipeline.recorder import RUN_LOG
+from tests.pipeline.test_e2e import OVERRIDES
+
+pytestmark = pytest.mark.slow
+
+ITERS, WINDOW, STEPS_PER_WINDOW = 4, 6, 3  # 6 prompts x 4 samples per window, minibatches of 8 samples
+ARGS = [*OVERRIDES, "generate_config.num_instances=1", f"trainer.train_iters={ITERS}",
+        "trainer.logger=[jsonl]"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from asp_npu.data.init_model import build_model_dir
+
+    return build_model_dir(tmp_path_factory.mktemp("resume") / "tiny", "tiny", seed=0)
+
+
+def _start(model: Path, run: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml", *ARGS,
+           f"model.path={model}", f"trainer.run_dir={run}", *extra]
+    log = open(run.parent / f"{run.name}.{len(list(run.parent.glob(run.name + '.*.log')))}.log", "w")  # noqa: SIM115
+    env = {**os.environ, "RAY_ADDRESS": "local"}  # a new local Ray, never a cluster `ray start` left running
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _steps(run: Path) -> int:
+    p = run / rd.SAMPLES
+    return len(p.read_text().splitlines()) // 8 if p.is_file() else 0
+
+
+def _wait_for(cond, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert proc.poll() is None, f"the run ended early (rc {proc.returncode})"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _planned_ids(model: Path) -> list[str]:
+    from asp_npu.data.datasets import config_prompts
+
+    cfg = load_config("configs/cpu_tiny.yaml", [*ARGS, f"model.path={model}"])
+    items = window_stream(config_prompts(cfg.data), WINDOW, cfg.data.seed)
+    return [it.prompt_id for w in range(ITERS) for it in items(w)]
+
+
+def _last_log_line(run: Path) -> str:
+    logs = sorted(run.parent.glob(run.name + ".*.log"))
+    lines = [ln for ln in logs[-1].read_text().splitlines() if ln.startswith("asp-npu: ")]
+    return lines[-1] if lines else ""
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_consumes_what_the_uninterrupted_run_would(model, tmp_path):
+    from asp_npu.pipeline.resume import load_state
+    from asp_npu.predict.factory import make_predictor
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = _start(model, run, "trainer.save_freq=0")
+    _wait_for(lambda: _steps(run) >= STEPS_PER_WINDOW + 1, 600, proc)  # inside the second window
+    t_sig = time.time()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(600)
+    stop_s = time.time() - t_sig
+    line = _last_log_line(run)
+    assert rc == 128 + signal.SIGTERM, line
+    assert "stopped by SIGTERM" in line and "actor_config.load=" in line, line
+    root = line.rsplit("actor_config.load=", 1)[1].strip()
+    state = load_state(root)
+    assert state is not None and 0 < state.step < ITERS * STEPS_PER_WINDOW
+    before = list(state.consumed_ids)
+    assert len(before) == state.consumed == state.step * 2  # 2 groups per trainer step
+    pred = make_predictor("history")
+    pred.load_state_dict(state.predictor)
+    ids, plens, probe = state.probe
+    assert ids and list(pred.predict_many(ids, plens).mean) == probe
+
+    t_res = time.time()
+    proc = _start(model, run, "trainer.save_freq=0", f"actor_config.load={root}")
+    assert proc.wait(900) == 0, _last_log_line(run)
+    resumed_s = time.time() - t_res
+    summary = json.loads((run / rd.SUMMARY).read_text())
+    got = summary["consumed_group_ids"]
+    planned = _planned_ids(model)
+    assert got[:len(before)] == before
+    assert len(got) == len(set(got)) == len(planned) and sorted(got) == sorted(planned)
+    log = [json.loads(ln) for ln in (run / RUN_LOG).read_text().splitlines()]
+    restored = next(r for r in log if r["event"] == "predictor_restored")
+    assert restored["prompts"] > 0 and restored["max_abs_diff"] == 0.0
+    resumed = next(r for r in log if r["event"] == "resumed")
+    assert resumed["step"] == state.step and resumed["queued"] + resumed["pending"] > 0
+    print(f"\nresume: SIGTERM -> exit {rc} after {stop_s:.1f}s at step {state.step} "
+          f"({len(before)} groups consumed, {len(state.queued)} queued, {len(state.pending)} pending); "
+          f"resumed run {resumed_s:.1f}s; consumed ids = the planned set: {sorted(got) == sorted(planned)}")
+
+
+def _trainer_pids(root_pid: int) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "TrainerRank" in " ".join(p.cmdline()) or "TrainerRank" in p.name():
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_killed_trainer_rank_stops_the_run_and_it_restarts_from_the_checkpoint(model, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = _start(model, run, "trainer.save_freq=2")
+    ckpt = run / rd.CHECKPOINTS / "latest.json"
+    _wait_for(lambda: ckpt.is_file() and _steps(run) >= 4, 600, proc)
+    pids = _trainer_pids(proc.pid)
+    assert pids, "no trainer rank process found"
+    t_kill = time.time()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.wait(900) == 0, _last_log_line(run)
+    total_s = time.time() - t_kill
+    log = [json.loads(ln) for ln in (run / RUN_LOG).read_text().splitlines()]
+    restart = next(r for r in log if r["event"] == "trainer_restart")
+    assert restart["who"].startswith("trainer rank") and restart["from"]
+    resumed = next(r for r in log if r["event"] == "resumed")
+    summary = json.loads((run / rd.SUMMARY).read_text())
+    got, planned = summary["consumed_group_ids"], _planned_ids(model)
+    assert summary["steps"] == ITERS * STEPS_PER_WINDOW
+    assert len(got) == len(set(got)) == len(planned) and sorted(got) == sorted(planned)
+    print(f"\ntrainer kill: stopped cleanly {restart['t_failed'] - t_kill:.1f}s after the kill "
+          f"({restart['who']}: {restart['cause']}), resumed from step {resumed['step']}, "
+          f"run completed {total_s:.1f}s after the kill; every planned group consumed once: True")
