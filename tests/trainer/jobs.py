@@ -100,7 +100,6 @@ def grpo_options(rank: int, world: int, port: int, model_dir: str) -> dict[str, 
 def _full_grads(worker: Any) -> dict[str, Any]:
     """The reduced (pre-clip) gradients in HF names and full shapes; the distributed optimizer's
     reduce-scatter left each DP rank its own shard of every bucket, so the shards are gathered first."""
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 

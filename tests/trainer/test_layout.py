@@ -98,3 +98,20 @@ def test_uneven_stages_must_sum_to_the_layers_and_match_pp():
 def test_context_parallel_counts_in_the_world_size():
     assert check_layout(DIMS, 1, 1, 1, 2, cp=2).world_size == 2
     assert "world size 2 != " in layout_problems(DIMS, 1, 1, 2, 2, cp=2)[0]
+
+
+def test_validate_names_cp_on_cpu_and_stage_lists_that_do_not_add_up():
+    from asp_npu.config import Config, validate
+
+    cfg = Config()
+    cfg.trainer.device = "cpu"
+    cfg.actor_config.context_parallel_size = 2
+    cfg.actor_config.pipeline_model_parallel_size = 2
+    cfg.actor_config.num_layer_list = [1, 1]
+    cfg.model.arch.num_layers = 3
+    problems = validate(cfg)
+    assert any(p.startswith("actor_config.context_parallel_size: CP2 needs trainer.device=npu")
+               and "Transformer Engine" in p for p in problems)
+    assert "actor_config.num_layer_list: 1+1 = 2 layers, but the model has 3" in problems
+    cfg.trainer.device, cfg.actor_config.num_layer_list = "npu", [1, 2]
+    assert not [p for p in validate(cfg) if "context_parallel" in p or "num_layer_list" in p]
