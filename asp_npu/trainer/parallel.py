@@ -188,9 +188,6 @@ def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int 
                         f"{dims.num_layers} layers (set actor_config.num_layer_list for uneven stages)")
     problems += expert_problems(dims.num_experts, ep, tp * cp * dp, etp if etp is not None else tp,
                                 dims.moe_intermediate_size)
-    if dims.num_experts and pp > 1:
-        problems.append(f"actor_config.pipeline_model_parallel_size={pp}: MoE models train with PP=1 here "
-                        "(megatron's allgather token dispatcher does not support variable sequence lengths)")
     if world_size is not None and world_size != tp * pp * cp * dp:
         problems.append(f"world size {world_size} != tensor x pipeline x context x data parallel sizes = "
                         f"{tp}x{pp}x{cp}x{dp}={tp * pp * cp * dp}")

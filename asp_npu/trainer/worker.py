@@ -369,7 +369,7 @@ class TrainerWorker:
         mbs = make_micro_batches(mine, act.micro_batch_size,
                                  act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
                                  self.layout.tp if act.sequence_parallel else 1)
-        if self.dims.num_experts and self.layout.dp > 1:
+        if self.dims.num_experts:  # one shape: allgather dispatch over EP, and fixed p2p shapes for PP
             mbs = self._same_shape_over_dp(mbs)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
 
