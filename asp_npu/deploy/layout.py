@@ -23,7 +23,7 @@ from asp_npu.deploy.memory import (
     trainer_memory,
     trainer_resident_gib,
 )
-from asp_npu.trainer.parallel import stage_problems
+from asp_npu.trainer.parallel import CP_NOT_WIRED, stage_problems
 
 __all__ = [
     "COLOCATED_MODES",
@@ -383,6 +383,8 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
         lay.warnings.append(
             f"{lay.mode}: rollout uses {rollout} NPUs and training {trainer}; the rest idle in one phase"
         )
+    if act.context_parallel_size > 1:
+        lay.warnings.append(CP_NOT_WIRED)
     arch, problems, source = resolve_arch(cfg)
     lay.arch, lay.arch_source = arch, source
     lay.problems += problems

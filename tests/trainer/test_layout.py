@@ -115,3 +115,14 @@ def test_validate_names_cp_on_cpu_and_stage_lists_that_do_not_add_up():
     assert "actor_config.num_layer_list: 1+1 = 2 layers, but the model has 3" in problems
     cfg.trainer.device, cfg.actor_config.num_layer_list = "npu", [1, 2]
     assert not [p for p in validate(cfg) if "context_parallel" in p or "num_layer_list" in p]
+
+
+def test_the_trainer_refuses_context_parallelism_until_micro_batches_are_split(tmp_path):
+    from asp_npu.config import Config
+    from asp_npu.trainer.parallel import CP_NOT_WIRED, actor_layout
+
+    act = Config().actor_config
+    act.context_parallel_size, act.data_parallel_size = 2, 1
+    with pytest.raises(ConfigError, match="does not yet split each micro-batch") as err:
+        actor_layout(DIMS, act, 2)
+    assert str(err.value) == CP_NOT_WIRED
