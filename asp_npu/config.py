@@ -114,7 +114,12 @@ class ActorConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 1
-    expert_model_parallel_size: int = 1  # MoE: experts split over this many of the data-parallel ranks
+    expert_model_parallel_size: int = 1  # MoE: experts split over this many ranks (out of TP x CP x DP)
+    expert_tensor_parallel_size: int = 0  # MoE: each expert split over this many ranks (0 = TP; MindSpeed's
+    #                                        moe_tp_extend_ep = 1 with experts over TP x EP)
+    context_parallel_size: int = 1  # split each sequence over this many ranks (NPU: MindSpeed's attention)
+    num_layer_list: list[int] = field(default_factory=list)  # decoder layers per pipeline stage when
+    #                                        uneven (MindSpeed num_layer_list; [] = num_layers / PP each)
     micro_batch_size: int = 8
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -268,6 +273,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "actor_config.pipeline_model_parallel_size": AT_LEAST_1,
     "actor_config.data_parallel_size": AT_LEAST_1,
     "actor_config.expert_model_parallel_size": AT_LEAST_1,
+    "actor_config.context_parallel_size": AT_LEAST_1,
     "actor_config.micro_batch_size": AT_LEAST_1,
     "actor_config.ppo_epochs": AT_LEAST_1,
     "actor_config.ppo_max_token_len_per_gpu": AT_LEAST_1,
@@ -365,7 +371,7 @@ def validate(cfg: Config) -> list[str]:
             problems.append(f"data.length_dist: {exc}")
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
-    problems += _trainer_feature_problems(act, rl.mode)
+    problems += _trainer_feature_problems(act, rl.mode, cfg.trainer.device)
     problems += _npu_rollout_problems(gen)
     if gen.weight_transfer not in WEIGHT_TRANSFERS:
         problems.append(f"generate_config.weight_transfer: '{gen.weight_transfer}' is not "
@@ -386,7 +392,7 @@ def _arch_problems(cfg: Config) -> list[str]:
     """Model family and expert parallelism: unknown families, MLA, EP not dividing experts or DP."""
 
     from asp_npu.trainer.arch import ARCHS, MLA_MISSING, hf_arch_problems
-    from asp_npu.trainer.parallel import expert_problems
+    from asp_npu.trainer.parallel import expert_problems, stage_problems
 
     m, act = cfg.model, cfg.actor_config
     problems = []
@@ -400,6 +406,7 @@ def _arch_problems(cfg: Config) -> list[str]:
                         "aux_loss|seq_aux_loss|none")
     experts = m.arch.num_experts
     cfg_json = Path(m.path) / "config.json"
+    hf: dict[str, Any] = {}
     if cfg_json.is_file():
         from asp_npu.data.init_model import read_model_config
 
@@ -418,12 +425,18 @@ def _arch_problems(cfg: Config) -> list[str]:
         problems.append(f"actor_config.sequence_parallel: must be true for a MoE model at "
                         f"tensor_model_parallel_size={act.tensor_model_parallel_size} (megatron-core refuses "
                         "MoE + TP without it)")
-    if act.expert_model_parallel_size > 1 and act.data_parallel_size >= 1:
-        problems += expert_problems(experts, act.expert_model_parallel_size, act.data_parallel_size)
+    layers = m.arch.num_layers or (int(hf.get("num_hidden_layers", 0)) if cfg_json.is_file() else 0)
+    problems += stage_problems(layers, act.pipeline_model_parallel_size, act.num_layer_list)
+    sizes = (act.tensor_model_parallel_size, act.context_parallel_size, act.data_parallel_size,
+             act.expert_model_parallel_size)
+    if min(sizes) >= 1 and (experts or act.expert_model_parallel_size > 1):
+        etp = act.expert_tensor_parallel_size or act.tensor_model_parallel_size
+        problems += expert_problems(experts, act.expert_model_parallel_size,
+                                    sizes[0] * sizes[1] * sizes[2], etp, m.arch.moe_ffn_hidden_size)
     return problems
 
 
-def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
+def _trainer_feature_problems(act: ActorConfig, mode: str, device: str) -> list[str]:
     """Sequence parallel, recomputation and offload settings megatron-core cannot run as given."""
     problems: list[str] = []
     if act.sequence_parallel and act.tensor_model_parallel_size < 2:
@@ -438,6 +451,11 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
         problems.append("actor_config.recompute_method: only applies with recompute_granularity=full")
     if act.recompute_granularity == "full" and act.recompute_num_layers < 1:
         problems.append(f"actor_config.recompute_num_layers: must be >= 1 (got {act.recompute_num_layers})")
+    if act.context_parallel_size > 1 and device != "npu":
+        problems.append(f"actor_config.context_parallel_size: CP{act.context_parallel_size} needs "
+                        f"trainer.device=npu (got '{device}'): megatron-core's local attention refuses "
+                        "context parallelism without Transformer Engine; MindSpeed's attention provides "
+                        "it on Ascend")
     offload = [k for k in ("offload_train_optimizer", "offload_train_grad", "offload_train_param")
                if getattr(act, k)]
     if offload and mode not in COLOCATED_MODES:

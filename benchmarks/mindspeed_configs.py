@@ -5,7 +5,8 @@
 PATH holds MindSpeed-RL's `grpo_*`, `dapo_*`, `ppo_*` YAML files (and its `model/` folder); asp-npu
 does not ship them: download them from the MindSpeed-RL repository. Each file is imported with
 `asp-npu import-config mindspeed-rl` (mode --mode; when that refuses naming another mode, with that
-mode) and checked with `asp-npu check` on the cluster the file names: `actor_resource.num_npus` NPUs
+mode; when its check fails and the file runs colocated in MindSpeed-RL, `use_integrated_worker`, as
+mindspeed-sync) and checked with `asp-npu check` on the cluster the file names: `actor_resource.num_npus` NPUs
 of the card in the name (A2: 8 per node, A3: 16 per node). Columns: GiB per NPU of the trainer
 (worst stage) and of the rollout side, by component.
 """
@@ -19,9 +20,10 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from asp_npu.cli.import_config import main as import_main
-from asp_npu.config import load_config
+from asp_npu.config import COLOCATED_MODES, load_config
 from asp_npu.deploy.check import check
 from asp_npu.errors import UserError
 
@@ -49,15 +51,35 @@ def _fmt(parts: dict[str, float], keys: tuple[str, ...]) -> str:
     return " / ".join(f"{parts.get(k, 0.0):.1f}" for k in keys)
 
 
+def _integrated(src: Path) -> bool:
+    """MindSpeed-RL runs the file colocated (`rl_config.use_integrated_worker: true`)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(src))
+    rl = raw.get("rl_config") if isinstance(raw, dict) else None
+    return bool(isinstance(rl, dict) and rl.get("use_integrated_worker"))
+
+
+def _checked(src: Path, out: Path, mode: str) -> tuple[str, str, Any, Any]:
+    status, used = _import(src, out, mode)
+    if not out.exists():
+        return status, used, None, None
+    cfg = load_config(str(out), check=False)
+    t = cfg.trainer
+    return status, used, cfg, check(cfg, t.nnodes, t.n_devices_per_node, t.card)
+
+
 def row(src: Path, mode: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours.yaml"
-        status, used = _import(src, out, mode)
-        if not out.exists():
+        status, used, cfg, lay = _checked(src, out, mode)
+        if cfg is None:
             return f"| {src.name} | | | refused: {status} | - | - | - |"
-        cfg = load_config(str(out), check=False)
+        if lay.problems and used not in COLOCATED_MODES and _integrated(src):
+            out.unlink()
+            status, used, cfg, lay = _checked(src, out, "mindspeed-sync")
+            status += " (--mode mindspeed-sync: use_integrated_worker, as MindSpeed-RL runs it)"
         t = cfg.trainer
-        lay = check(cfg, t.nnodes, t.n_devices_per_node, t.card)
         trainer = [m for m in lay.memory if m.role.startswith("trainer")]
         rollout = [m for m in lay.memory if m.role.startswith("rollout")]
         worst = max(trainer, key=lambda m: m.total_gib) if trainer else None

@@ -45,8 +45,13 @@ def format_layout(cfg: Config, lay: Layout) -> str:
         f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // per_instance} instances x "
         f"{per_instance} NPUs (infer TP{gen.infer_tensor_parallel_size}{ep}) = {lay.rollout_npus} NPUs; "
         f"trainer TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
-        f" x DP{act.data_parallel_size}"
-        + (f" (EP{act.expert_model_parallel_size})" if act.expert_model_parallel_size > 1 else "")
+        + (f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else "")
+        + f" x DP{act.data_parallel_size}"
+        + (f" (EP{act.expert_model_parallel_size}" if act.expert_model_parallel_size > 1 else "")
+        + (f" x expert TP{act.expert_tensor_parallel_size}" if act.expert_model_parallel_size > 1
+           and act.expert_tensor_parallel_size else "")
+        + (")" if act.expert_model_parallel_size > 1 else "")
+        + (f"; stages of {'+'.join(map(str, act.num_layer_list))} layers" if act.num_layer_list else "")
         + f" = {lay.trainer_npus} NPUs; {len(lay.idle)} idle"
     )
     lines.append("")

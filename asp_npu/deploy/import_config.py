@@ -141,7 +141,6 @@ _SCHED = "MindSpeed-RL TransferDock/dispatch tuning: asp-npu's planner and Train
 _LR = "learning-rate schedule/Adam option: asp-npu uses a constant lr with default Adam betas"
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
-_UNEVEN = "uneven pipeline stages are not supported by the trainer: num_layers must divide by PP"
 _REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
     "critic_config": "PPO with a critic (adv_estimator gae) is not supported: asp-npu trains with GRPO-style "
     "group advantages; use a grpo_* or dapo_* config",
@@ -243,28 +242,17 @@ _TRAINING_REASONS = {
     "no_load_rng": "resume semantics are asp-npu's own (trainer checkpoints hold the RNG)",
     "no_save_optim": "asp-npu checkpoints always hold the optimizer",
     "no_save_rng": "asp-npu checkpoints always hold the RNG",
-    "num_layer_list": _UNEVEN,
-    "noop_layers": _UNEVEN + " (MindSpeed pads with no-op layers)",
-    "num_layers": "MindSpeed pads num_layers with noop_layers for uneven PP; asp-npu takes the model's own "
-    "layer count (" + _UNEVEN + ")",
-    "moe_tp_extend_ep": "MindSpeed splits experts over TP x EP; asp-npu uses megatron-core's expert tensor "
-    "parallelism (= TP): the same expert bytes per rank",
     "gemm_gradient_accumulation_fusion": _KERNEL,
     "moe_alltoall_overlap_comm": _KERNEL,
     "shape_order": _KERNEL,
     "use_fused_moe_token_permute_and_unpermute": _KERNEL,
-    "swap_optimizer": "MindSpeed's optimizer swap to host during forward/backward is not in asp-npu: "
-    "the optimizer state stays on the NPU while training (asp-npu check sizes it there)",
     "initial_loss_scale": "loss scaling is for fp16; bf16 trains unscaled",
     "use_rotary_position_embeddings": _HF,
     "no_pad_to_seq_lengths": _DATA,
-    "attention_mask_type": "context parallelism is not supported by the asp-npu trainer",
     "lora_ckpt_filter": "LoRA training is not supported",
     "lora_alpha": "LoRA training is not supported",
     "lora_fusion": "LoRA training is not supported",
     "lora_target_modules": "LoRA training is not supported",
-    "context_parallel_size": "context parallelism is not supported by the asp-npu trainer",
-    "context_parallel_algo": "context parallelism is not supported by the asp-npu trainer",
 }
 _RL_REASONS = {
     **dict.fromkeys(
@@ -342,6 +330,11 @@ _GEN_REASONS = {
     "limit_mm_image_per_prompt": "multimodal models are not supported",
 }
 _IMPLIED_DEFAULTS = {  # MindSpeed-RL key -> value that equals asp-npu's fixed behaviour
+    # MindSpeed's defaults, which its adaptor applies to asp-npu's trainer on NPU as well
+    "megatron_training.context_parallel_algo": "megatron_cp_algo",
+    "actor_config.context_parallel_algo": "megatron_cp_algo",
+    "megatron_training.attention_mask_type": "causal",
+    "actor_config.attention_mask_type": "causal",
     "generate_config.infer_pipeline_parallel_size": 1,
     "generate_config.sampling_config.top_k": -1,
     "generate_config.sampling_config.min_p": 0,
@@ -552,6 +545,8 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
                         f"data.data_path={value}: MindSpeed-RL's is a preprocessed Megatron-format "
                         "prefix; point it at the JSONL/Parquet file you preprocessed"
                     )
+            elif top in ("megatron_training", "actor_config") and leaf in _LAYOUT_KEYS:
+                continue  # `_layout_keys`, once the parallel sizes and the model are known
             elif top in ("megatron_training", "actor_config") and leaf == "seed":
                 tr.set(key, "actor_config.seed", _as_int(key, value))
                 tr.set(key, "data.seed", _as_int(key, value))
@@ -563,9 +558,16 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             elif top == "generate_config" and leaf.startswith("offload_train_") and colocated:
                 tr.set(key, f"actor_config.{leaf}", bool(value))
             elif key == "generate_config.infer_expert_parallel_size":
+                # MindSpeed-RL's expert-parallel group is infer TP x infer EP ranks (vLLM TP x DP):
+                # experts split over all of them (its vllm_parallel_state / sync_model_weights)
                 iep = _as_int(key, value)
-                iep = iep if gen_in.get("enable_expert_parallel", iep > 1) else 1
-                tr.set(key, "generate_config.infer_expert_parallel_size", iep)
+                itp = _as_int("generate_config.infer_tensor_parallel_size",
+                              gen_in.get("infer_tensor_parallel_size", 1) or 1)
+                group = iep * itp if gen_in.get("enable_expert_parallel", iep > 1) and iep > 1 else 1
+                tr.set(key, "generate_config.infer_expert_parallel_size", group)
+                if group > 1:
+                    tr.notes.append(f"{key} {iep} x infer_tensor_parallel_size {itp}: one rollout instance "
+                                    f"is an expert-parallel group of {group} NPUs (experts over all of them)")
             elif key == "generate_config.enable_expert_parallel":
                 tr.mapped.append(key)  # with infer_expert_parallel_size above
             elif key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
@@ -641,6 +643,105 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
     return num_npus, model_name
 
 
+_LAYOUT_KEYS = ("moe_tp_extend_ep", "num_layer_list", "noop_layers", "num_layers", "context_parallel_size",
+                "swap_optimizer")
+_SWAP = (
+    "MindSpeed's swap_optimizer keeps the distributed optimizer's fp32 master weights and Adam moments "
+    "(12 bytes/param) in host memory and swaps 1/swap_optimizer_times of them onto the NPU at a time for "
+    "the step"
+)
+
+
+def _layout_value(ms: dict[str, Any], leaf: str) -> tuple[str, Any]:
+    """(source key, value) of a trainer setting: actor_config wins over megatron_training."""
+    for top in ("actor_config", "megatron_training"):
+        body = ms.get(top)
+        if isinstance(body, dict) and body.get(leaf) is not None:
+            return f"{top}.{leaf}", body[leaf]
+    return "", None
+
+
+def _int_list(key: str, value: Any) -> list[int]:
+    """MindSpeed writes layer lists as "9,10,11" (or a YAML list)."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [_as_int(key, str(v).strip()) for v in items if str(v).strip()]
+
+
+def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocated: bool) -> None:
+    """MindSpeed's layout keys in megatron-core's terms (`model_layers`: the model's own layer count).
+
+    - moe_tp_extend_ep: experts split over TP x EP, each whole -> megatron EP = TP x EP, expert TP 1;
+    - num_layer_list: layers per pipeline stage -> actor_config.num_layer_list;
+    - noop_layers + num_layers: MindSpeed pads the model to num_layers with no-op layers at those global
+      indices and splits evenly; the real layers per stage are the same uneven num_layer_list;
+    - context_parallel_size -> actor_config.context_parallel_size (NPU: MindSpeed's attention);
+    - swap_optimizer (colocated modes) -> offload_train_optimizer: the state is off the NPU while the
+      engines generate, as under the swap; while training asp-npu keeps it whole on the NPU (check sizes
+      it there: an upper bound of MindSpeed's chunked swap)."""
+    act = tr.out.get("actor_config", {})
+    tp = _as_int("tensor_model_parallel_size", act.get("tensor_model_parallel_size", 1))
+    pp = _as_int("pipeline_model_parallel_size", act.get("pipeline_model_parallel_size", 1))
+    seen = {leaf: _layout_value(ms, leaf) for leaf in _LAYOUT_KEYS}
+    for top in ("megatron_training", "actor_config"):  # the shadowed megatron_training copies
+        for leaf in _LAYOUT_KEYS:
+            key = f"{top}.{leaf}"
+            if isinstance(ms.get(top), dict) and leaf in ms[top] and key != seen[leaf][0]:
+                tr.mapped.append(key)
+    key, extend = seen["moe_tp_extend_ep"]
+    if key and extend:
+        ep = _as_int("expert_model_parallel_size", act.get("expert_model_parallel_size", 1))
+        tr.set(key, "actor_config.expert_model_parallel_size", ep * tp)
+        tr.set(key, "actor_config.expert_tensor_parallel_size", 1)
+        tr.notes.append(f"{key}: experts over TP{tp} x EP{ep}, each whole = megatron-core expert_model_"
+                        f"parallel_size {ep * tp} with expert_tensor_parallel_size 1")
+    elif key:
+        tr.mapped.append(key)
+    key, swap = seen["swap_optimizer"]
+    if key and swap and colocated:
+        tr.set(key, "actor_config.offload_train_optimizer", True)
+        tr.notes.append(f"{key}: {_SWAP}; asp-npu moves the whole state to host memory while the engines "
+                        "generate (offload_train_optimizer) and keeps it on the NPU while training")
+    elif key and swap:
+        tr.skip(key, _SWAP + "; asp-npu keeps it on the NPU (check sizes it there)")
+    elif key:
+        tr.mapped.append(key)
+    key, cp = seen["context_parallel_size"]
+    if key:
+        tr.set(key, "actor_config.context_parallel_size", _as_int(key, cp))
+    key, layer_list = seen["num_layer_list"]
+    if key:
+        tr.set(key, "actor_config.num_layer_list", _int_list(key, layer_list))
+    noop_key, noop = seen["noop_layers"]
+    layers_key, padded = seen["num_layers"]
+    if not noop_key:
+        if layers_key and model_layers and _as_int(layers_key, padded) == model_layers:
+            tr.mapped.append(layers_key)
+        elif layers_key:
+            tr.skip(layers_key, f"the model's own layer count ({model_layers or 'config.json'}) is used")
+        return
+    padded_n = _as_int(layers_key, padded) if layers_key else model_layers
+    holes = sorted(set(_int_list(noop_key, noop)))
+    why = ""
+    if not padded_n or padded_n % pp:
+        why = f"num_layers {padded_n} does not split evenly over PP{pp}"
+    elif holes and not 0 <= holes[0] <= holes[-1] < padded_n:
+        why = f"no-op layer indices {holes} are outside 0..{padded_n - 1}"
+    elif model_layers and padded_n - len(holes) != model_layers:
+        why = f"{padded_n} - {len(holes)} no-op layers != the model's {model_layers} layers"
+    if why:
+        tr.skip(noop_key, why)
+        if layers_key:
+            tr.skip(layers_key, why)
+        return
+    per = padded_n // pp
+    stages = [per - sum(1 for h in holes if s * per <= h < (s + 1) * per) for s in range(pp)]
+    tr.set(noop_key, "actor_config.num_layer_list", stages)
+    if layers_key:
+        tr.mapped.append(layers_key)
+    tr.notes.append(f"{noop_key} {holes} in {padded_n} padded layers over PP{pp}: stages of "
+                    f"{'+'.join(map(str, stages))} real layers (actor_config.num_layer_list)")
+
+
 def _passes(trial: Config, nodes: int, per_node: int, card: Card) -> bool:
     """What `asp-npu check` would say (the model folder lives on the cluster, not here)."""
     trial.model.build_if_missing = True
@@ -656,20 +757,22 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
         act.pipeline_model_parallel_size,
         gen.infer_tensor_parallel_size,
     )
+    replica = tp * pp * act.context_parallel_size  # trainer ranks per data-parallel rank
+    cp = f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else ""
     k = instance_npus(base)
     card = card_for(card_name)
     per_node = min(card.npus_per_node, total)
     nodes = math.ceil(total / per_node)
     if mode in COLOCATED_MODES:
-        choice = (max(1, total // k), max(1, total // (tp * pp)))
+        choice = (max(1, total // k), max(1, total // replica))
         trial = copy.deepcopy(base)
         trial.rl_config.mode = mode
         trial.generate_config.num_instances, trial.actor_config.data_parallel_size = choice
         tr.fits = _passes(trial, nodes, per_node, card)
     else:
         candidates = []
-        for dp in range(1, total // (tp * pp) + 1):
-            instances = (total - tp * pp * dp) // k
+        for dp in range(1, total // replica + 1):
+            instances = (total - replica * dp) // k
             if instances < 1:
                 break
             trial = copy.deepcopy(base)
@@ -677,10 +780,10 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
             trial.actor_config.data_parallel_size = dp
             trial.generate_config.num_instances = instances
             ok = _passes(trial, nodes, per_node, card)
-            candidates.append((not ok, abs(tp * pp * dp - total / 2), -instances, instances, dp))
+            candidates.append((not ok, abs(replica * dp - total / 2), -instances, instances, dp))
         if not candidates:
             raise UserError(
-                f"actor_resource.num_npus={total} cannot hold a trainer (TP{tp} x PP{pp}) plus one "
+                f"actor_resource.num_npus={total} cannot hold a trainer (TP{tp} x PP{pp}{cp}) plus one "
                 f"rollout instance ({k} NPUs); use --mode mindspeed-sync or more NPUs"
             )
         candidates.sort()
@@ -704,7 +807,7 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
     }
     tr.notes.append(
         f"layout: {total} NPUs ({nodes} x {per_node} {card.name}) -> {choice[0]} rollout instances x "
-        f"{k} NPUs (TP{itp}) + trainer TP{tp} x PP{pp} x DP{choice[1]}"
+        f"{k} NPUs (TP{itp}) + trainer TP{tp} x PP{pp}{cp} x DP{choice[1]}"
         + (" (colocated)" if mode in COLOCATED_MODES else "")
     )
 
@@ -739,6 +842,10 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
             tr.notes.append(f"model.arch from asp-npu's table for {name}")
         if arch:
             break
+    try:
+        _layout_keys(ms, tr, int(arch.get("num_layers", 0)) if arch else 0, mode in COLOCATED_MODES)
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
     if arch:
         tr.out.setdefault("model", {})["arch"] = dict(arch)
     elif names:

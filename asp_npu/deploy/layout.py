@@ -23,6 +23,7 @@ from asp_npu.deploy.memory import (
     trainer_memory,
     trainer_resident_gib,
 )
+from asp_npu.trainer.parallel import CP_NOT_WIRED, stage_problems
 
 __all__ = [
     "COLOCATED_MODES",
@@ -148,7 +149,7 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
         instance_npus(cfg),
         act.tensor_model_parallel_size,
         act.pipeline_model_parallel_size,
-        act.data_parallel_size,
+        act.data_parallel_size * act.context_parallel_size,  # CP ranks are placed like DP ranks
     )
     alloc = _Allocator(lay.nodes, lay.npus_per_node)
     for i in range(lay.rollout_npus // k):
@@ -169,7 +170,7 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
         if got is None:
             lay.problems.append(
                 f"placement: trainer TP group {g} (TP{tp}) finds no {tp} free NPUs in one node; "
-                f"the trainer needs TP{tp} x PP{pp} x DP{dp} = {tp * pp * dp} NPUs"
+                f"the trainer needs TP{tp} x PP{pp} x CP x DP = {tp * pp * dp} NPUs"
             )
             break
         lay.trainer.append(TrainerGroup(got[0], got[1], list(range(g * tp, (g + 1) * tp)), g // dp, g % dp))
@@ -198,10 +199,12 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"actor_config.tensor_model_parallel_size: TP{tp} does not divide num_key_value_heads "
             f"{arch.num_key_value_heads} (Megatron num_query_groups)"
         )
-    if arch.num_layers % pp:
+    if act.num_layer_list:
+        p += stage_problems(arch.num_layers, pp, act.num_layer_list)
+    elif arch.num_layers % pp:
         p.append(
-            f"actor_config.pipeline_model_parallel_size: PP{pp} does not divide num_layers {arch.num_layers} "
-            "(uneven stages -- MindSpeed's num_layer_list / noop_layers -- are not supported by the trainer)"
+            f"actor_config.pipeline_model_parallel_size: PP{pp} does not divide num_layers "
+            f"{arch.num_layers}; set actor_config.num_layer_list for uneven stages"
         )
     iep = gen.infer_expert_parallel_size
     # training EP vs experts and DP: `config.validate` (trainer.parallel.expert_problems)
@@ -342,6 +345,13 @@ def _memory(cfg: Config, arch: Arch, lay: Layout) -> None:
         )
 
 
+def trainer_world_size(cfg: Config) -> int:
+    """Trainer ranks: TP x PP x CP x DP (megatron's world size)."""
+    act = cfg.actor_config
+    return (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.context_parallel_size
+            * act.data_parallel_size)
+
+
 def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layout:
     """Place instances and trainer ranks on `nodes` x `npus_per_node` NPUs and list every problem."""
     gen, act = cfg.generate_config, cfg.actor_config
@@ -351,7 +361,7 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
     if colocated:  # every NPU generates, as MindSpeed-RL's integrated worker (asp_npu.pipeline.modes)
         instances = max(instances, nodes * npus_per_node // per_instance)
     rollout = instances * per_instance
-    trainer = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+    trainer = trainer_world_size(cfg)
     lay = Layout(nodes, npus_per_node, card, cfg.rl_config.mode, colocated, rollout, trainer)
     if npus_per_node > card.npus_per_node:
         lay.problems.append(
@@ -364,8 +374,8 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
             f"cluster: the config needs {need} NPUs ({what} of rollout {instances} instances x "
             f"{per_instance} NPUs = {rollout} and trainer "
             f"TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size} x "
-            f"DP{act.data_parallel_size} = {trainer}) but {nodes} node(s) x {npus_per_node} NPUs = "
-            f"{lay.total_npus}"
+            f"CP{act.context_parallel_size} x DP{act.data_parallel_size} = {trainer}) but {nodes} node(s) x "
+            f"{npus_per_node} NPUs = {lay.total_npus}"
         )
     else:
         _place(cfg, lay, colocated)
@@ -373,6 +383,8 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
         lay.warnings.append(
             f"{lay.mode}: rollout uses {rollout} NPUs and training {trainer}; the rest idle in one phase"
         )
+    if act.context_parallel_size > 1:
+        lay.warnings.append(CP_NOT_WIRED)
     arch, problems, source = resolve_arch(cfg)
     lay.arch, lay.arch_source = arch, source
     lay.problems += problems

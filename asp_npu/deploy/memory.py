@@ -4,9 +4,13 @@ Trainer (megatron-core DDP + `get_megatron_optimizer`, the numbers of megatron's
 docs): bf16 weights 2 bytes/param, fp32 main gradients 4 bytes/param (megatron accumulates bf16 grads
 in fp32), Adam state 12 bytes/param for 16-bit models (fp32 master copy + exp_avg + exp_avg_sq;
 8 for fp32 models), divided by the data-parallel size with `use_distributed_optimizer` -- per
-parameter 18 bytes plain, 6 + 12/DP distributed. Dense weights are split over TP, routed experts
-over EP x TP (expert tensor parallelism = TP, or MindSpeed's moe_tp_extend_ep: the same bytes), and
-expert optimizer state over the expert data-parallel group DP/EP.
+parameter 18 bytes plain, 6 + 12/DP distributed (DP x CP with context parallelism). Dense weights are
+split over TP, routed experts over EP x expert-TP (megatron's expert_tensor_parallel_size: TP by
+default, 1 for MindSpeed's moe_tp_extend_ep, whose TP x EP split is megatron's EP), and expert optimizer
+state over the expert data-parallel group TP x CP x DP / (EP x expert-TP). Each pipeline stage holds
+its own layers (`num_layer_list` for uneven stages); the check reports the first, the last and the
+largest middle stage. MindSpeed's `swap_optimizer` is not modelled: the trainer keeps the optimizer
+state on the NPU, so the estimate is the un-swapped (larger) one.
 
 Activations follow Korthikanti et al. (2022) with flash attention (no s^2 score term, so selective
 recomputation of core attention stores the same bytes as none) for a SwiGLU MLP, per layer and
@@ -16,6 +20,7 @@ tokens + 6F_shared). Sequence parallelism divides the replicated part by TP too.
 each checkpointed layer's input (2Th) and rebuilds one chunk at a time: `uniform` checkpoints every
 `recompute_num_layers` layers; `block` recomputes the first `recompute_num_layers` layers of a stage
 and keeps the others whole. 1F1B holds min(PP - stage, micro-batches) micro-batches on a stage.
+Context parallelism gives each rank 1/CP of every micro-batch's tokens.
 
 MindSpeed-RL's `offload_train_optimizer/grad/param` (colocated modes) move those bytes to host memory
 while the engines generate: they still count while training, but leave room for the engine's
@@ -83,28 +88,52 @@ class StageParams:
     """Parameters held by one trainer rank of a pipeline stage."""
 
     dense: float  # TP-split part (attention, dense MLP, norms, router, shared experts, embeddings)
-    experts: float  # EP x TP-split routed experts
+    experts: float  # routed experts, split over EP x expert-TP
     layers: int
     moe_layers: int
 
 
+def expert_tp(cfg: Config) -> int:
+    """Expert tensor-parallel size: actor_config.expert_tensor_parallel_size, 0 = TP (megatron's default)."""
+    act = cfg.actor_config
+    return act.expert_tensor_parallel_size or act.tensor_model_parallel_size
+
+
+def stage_sizes(cfg: Config, arch: Arch) -> list[int]:
+    """Decoder layers of each pipeline stage: `num_layer_list`, else num_layers / PP (rounded up)."""
+    act = cfg.actor_config
+    pp = act.pipeline_model_parallel_size
+    if act.num_layer_list and len(act.num_layer_list) == pp:
+        return list(act.num_layer_list)
+    return [math.ceil(arch.num_layers / pp)] * pp
+
+
 def stage_params(cfg: Config, arch: Arch, stage: int) -> StageParams:
+    """The exact layers of `stage` (leading dense layers of a MoE model, e.g. DeepSeek's first 3, count
+    where they are), its embedding/output layer, over TP (dense) and EP x expert-TP (routed experts)."""
     act = cfg.actor_config
     tp, pp, ep = (
         act.tensor_model_parallel_size,
         act.pipeline_model_parallel_size,
         act.expert_model_parallel_size,
     )
-    layers = math.ceil(arch.num_layers / pp)
-    moe_layers = min(layers, math.ceil(arch.moe_layers / pp))
-    dense = layers * arch.layer_params
+    sizes = stage_sizes(cfg, arch)
+    start, layers = sum(sizes[:stage]), sizes[stage]
+    leading_dense = arch.num_layers - arch.moe_layers  # every layer of a dense model
+    moe_layers = layers - max(0, min(start + layers, leading_dense) - start) if arch.moe else 0
+    dense_layers = layers - moe_layers
+    dense = (
+        layers * (arch.attention_params + 2 * arch.hidden_size)
+        + dense_layers * arch.dense_mlp_params
+        + moe_layers * arch.moe_layer_dense_params
+    )
     if stage == 0:
         dense += arch.embedding_params
     if stage == pp - 1:
         dense += arch.embedding_params if (pp > 1 or not arch.tie_word_embeddings) else 0
         dense += arch.hidden_size  # final norm
     experts = moe_layers * arch.num_experts * 3 * arch.hidden_size * arch.moe_ffn_hidden_size
-    return StageParams(dense / tp, experts / (ep * tp), layers, moe_layers)
+    return StageParams(dense / tp, experts / (ep * expert_tp(cfg)), layers, moe_layers)
 
 
 def layer_activation_bytes(cfg: Config, arch: Arch, tokens: int, moe: bool) -> float:
@@ -133,7 +162,7 @@ def stage_activation_bytes(cfg: Config, arch: Arch, sp: StageParams, in_flight: 
     """Activations a stage holds at the 1F1B peak, and how they were counted."""
     act = cfg.actor_config
     tp = act.tensor_model_parallel_size
-    tokens = tokens_per_micro_batch(cfg)
+    tokens = tokens_per_micro_batch(cfg) // act.context_parallel_size  # CP: each rank holds 1/CP of it
     dense_layers = sp.layers - sp.moe_layers
     per_layer = (
         dense_layers * layer_activation_bytes(cfg, arch, tokens, False)
@@ -152,17 +181,33 @@ def stage_activation_bytes(cfg: Config, arch: Arch, sp: StageParams, in_flight: 
 
 
 def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
-    """Per-NPU memory of the first and last pipeline stage (the two that differ), in GiB."""
+    """Per-NPU memory of the first and last pipeline stage, and of the largest middle stage (uneven
+    stages), in GiB."""
+    act = cfg.actor_config
+    pp = act.pipeline_model_parallel_size
+    ests = [stage_memory(cfg, arch, card, stage) for stage in range(pp)]
+    if pp <= 2:
+        return ests
+    middle = max(ests[1:-1], key=lambda e: e.total_gib)
+    return [ests[0], middle, ests[-1]]
+
+
+def stage_memory(cfg: Config, arch: Arch, card: Card, stage: int) -> MemoryEstimate:
+    """One pipeline stage's rank. Context parallelism splits each micro-batch's tokens over CP ranks
+    (activations, logits / CP) and the distributed optimizer shards over DP x CP, as megatron's does;
+    routed experts' state shards over the expert data-parallel group TP x CP x DP / (EP x expert-TP)."""
     act, rl = cfg.actor_config, cfg.rl_config
-    tp, pp, dp, ep = (
+    tp, pp, dp, ep, cp = (
         act.tensor_model_parallel_size,
         act.pipeline_model_parallel_size,
         act.data_parallel_size,
         act.expert_model_parallel_size,
+        act.context_parallel_size,
     )
     wb = bytes_per(cfg.model.dtype)
     opt_b = 8 + (4 if wb == 2 else 0)
-    opt_div, expert_opt_div = (dp, max(1, dp // ep)) if act.use_distributed_optimizer else (1, 1)
+    expert_dp = max(1, tp * cp * dp // (ep * expert_tp(cfg)))
+    opt_div, expert_opt_div = (dp * cp, expert_dp) if act.use_distributed_optimizer else (1, 1)
     tokens = tokens_per_micro_batch(cfg)
     per_step = rl.mini_batch_size // max(1, dp)  # samples per DP rank per optimizer step
     n_micro = (
@@ -170,34 +215,30 @@ def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
         if act.use_dynamic_bsz
         else max(1, per_step // act.micro_batch_size)
     )
-    out = []
-    for stage, name in ((0, "first"), (pp - 1, "last")):
-        sp = stage_params(cfg, arch, stage)
-        params = sp.dense + sp.experts
-        acts, how = stage_activation_bytes(cfg, arch, sp, min(pp - stage, n_micro))
-        parts = {
-            "weights": params * wb / GIB,
-            "gradients": params * 4 / GIB,
-            "optimizer": (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
-            "activations": acts / GIB,
-            "logits": (8 * tokens * arch.vocab_size / tp / GIB) if stage == pp - 1 else 0.0,
-            "reference": (params * wb / GIB) if rl.kl_coef > 0 and not act.offload_train_param else 0.0,
-            "runtime": RUNTIME_RESERVE_GIB,
-        }
-        est = MemoryEstimate(
-            f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib
-        )
-        est.notes.append(
-            f"{sp.layers} layers ({sp.moe_layers} MoE), {params / 1e9:.2f}B params per rank"
-            + (f" ({sp.experts / 1e9:.2f}B expert, EP{ep} x TP{tp})" if sp.experts else "")
-            + f"; activations: {min(pp - stage, n_micro)} micro-batch(es) of {tokens:,} tokens in flight, "
-            + how
-            + (", sequence parallel" if act.sequence_parallel and tp > 1 else "")
-        )
-        out.append(est)
-        if pp == 1:
-            break
-    return out
+    sp = stage_params(cfg, arch, stage)
+    params = sp.dense + sp.experts
+    acts, how = stage_activation_bytes(cfg, arch, sp, min(pp - stage, n_micro))
+    parts = {
+        "weights": params * wb / GIB,
+        "gradients": params * 4 / GIB,
+        "optimizer": (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
+        "activations": acts / GIB,
+        "logits": (8 * tokens * arch.vocab_size / tp / cp / GIB) if stage == pp - 1 else 0.0,
+        "reference": (params * wb / GIB) if rl.kl_coef > 0 and not act.offload_train_param else 0.0,
+        "runtime": RUNTIME_RESERVE_GIB,
+    }
+    name = "first" if stage == 0 else "last" if stage == pp - 1 else "largest middle"
+    est = MemoryEstimate(f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib)
+    est.notes.append(
+        f"{sp.layers} layers ({sp.moe_layers} MoE), {params / 1e9:.2f}B params per rank"
+        + (f" ({sp.experts / 1e9:.2f}B expert, EP{ep} x expert TP{expert_tp(cfg)})" if sp.experts else "")
+        + f"; activations: {min(pp - stage, n_micro)} micro-batch(es) of {tokens:,} tokens in flight"
+        + (f" (1/{cp} per rank: context parallel)" if cp > 1 else "")
+        + ", "
+        + how
+        + (", sequence parallel" if act.sequence_parallel and tp > 1 else "")
+    )
+    return est
 
 
 def trainer_resident_gib(cfg: Config, est: MemoryEstimate) -> float:

@@ -5,11 +5,14 @@ Megatron layouts (per TP rank): `linear_qkv` rows are query groups, each [q head
 (so a TP shard is a contiguous run of whole groups); `linear_fc1` rows are [gate shard; up shard];
 embedding/output rows and column-parallel outputs split over TP; `linear_proj`/`linear_fc2` split
 their input dimension. Pipeline stages hold consecutive layers; the first holds the embedding, the
-last the final norm and output layer (a copy of the embedding when weights are tied). Per-head
+last the final norm and output layer (a copy of the embedding when weights are tied); a stage's
+first layer index is megatron's own offset (`TransformerLayer.layer_number`, from
+`get_transformer_layer_offset`), so uneven stages (`pipeline_model_parallel_layout`) convert too. Per-head
 q/k RMSNorm weights (Qwen3) are replicated. MoE layers (HF checkpoint format: one
 `mlp.experts.{e}.{gate,up,down}_proj` per expert, router `mlp.gate`) hold a replicated
 `mlp.router.weight` and, on expert-parallel rank r, experts r*E/EP .. (r+1)*E/EP-1 as
-`mlp.experts.local_experts.{j}`, each split over TP like a dense MLP.
+`mlp.experts.local_experts.{j}`, each split over the expert tensor-parallel size (megatron's
+default: TP; 1 with MindSpeed's moe_tp_extend_ep, whose TP x EP expert split is megatron's EP).
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def local_experts(dims: ModelDims, ep: int, ep_rank: int) -> range:
 
 
 def hf_layer_to_megatron(hf: Mapping[str, torch.Tensor], layer: int, local: int, dims: ModelDims,
-                         tp: int, tp_rank: int, ep: int = 1, ep_rank: int = 0) -> dict[str, torch.Tensor]:
+                         tp: int, tp_rank: int, ep: int = 1, ep_rank: int = 0, etp: int | None = None,
+                         etp_rank: int | None = None) -> dict[str, torch.Tensor]:
     """One transformer layer: HF tensors (global index `layer`) -> megatron local names (`local`)."""
     h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
     g_local = dims.num_kv_heads // tp
@@ -139,28 +143,39 @@ def hf_layer_to_megatron(hf: Mapping[str, torch.Tensor], layer: int, local: int,
         x = f"{h}mlp.experts.{e}."
         out.update(_mlp_to_megatron(hf[x + "gate_proj.weight"], hf[x + "up_proj.weight"],
                                     hf[x + "down_proj.weight"], f"{m}mlp.experts.local_experts.{j}.",
-                                    tp, tp_rank))
+                                    tp if etp is None else etp, tp_rank if etp_rank is None else etp_rank))
     return out
 
 
-def stage_layers(dims: ModelDims, pp: int, pp_rank: int) -> range:
-    """Global layer indices held by pipeline stage `pp_rank` (megatron's even split)."""
-    per = dims.num_layers // pp
-    return range(pp_rank * per, (pp_rank + 1) * per)
+def stage_layers(dims: ModelDims, layout: Layout, pp_rank: int) -> range:
+    """Global layer indices held by pipeline stage `pp_rank` (even, or `layout.stages`)."""
+    return layout.stage_layers(dims.num_layers, pp_rank)
+
+
+def megatron_layers(model: torch.nn.Module) -> range:
+    """Global indices of this stage's decoder layers as megatron numbered them (layer_number is
+    1-based and includes `get_transformer_layer_offset`)."""
+    layers = model.decoder.layers
+    first = int(layers[0].layer_number) - 1 if len(layers) else 0
+    return range(first, first + len(layers))
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], dims: ModelDims, layout: Layout, tp_rank: int,
-                   pp_rank: int, ep_rank: int = 0) -> dict[str, torch.Tensor]:
+                   pp_rank: int, ep_rank: int = 0, etp_rank: int | None = None,
+                   layers: range | None = None) -> dict[str, torch.Tensor]:
     """The megatron state-dict entries of rank (tp_rank, pp_rank, ep_rank) from full HF tensors.
 
-    Experts are split over TP like dense MLPs (megatron's default expert TP size = TP)."""
+    Experts are split over the expert tensor-parallel size (`etp_rank`: None = tp_rank, megatron's
+    default ETP = TP). `layers`: this stage's global layer indices (default: from the layout)."""
     tp, pp = layout.tp, layout.pp
+    etp = layout.expert_tp
     out: dict[str, torch.Tensor] = {}
     embed = _pad_vocab(hf["model.embed_tokens.weight"], dims, tp)
     if pp_rank == 0:
         out["embedding.word_embeddings.weight"] = _tp_chunk(embed, tp, tp_rank)
-    for local, layer in enumerate(stage_layers(dims, pp, pp_rank)):
-        out.update(hf_layer_to_megatron(hf, layer, local, dims, tp, tp_rank, layout.ep, ep_rank))
+    for local, layer in enumerate(layers if layers is not None else stage_layers(dims, layout, pp_rank)):
+        out.update(hf_layer_to_megatron(hf, layer, local, dims, tp, tp_rank, layout.ep, ep_rank, etp,
+                                        tp_rank if etp_rank is None else etp_rank))
     if pp_rank == pp - 1:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
         if not dims.tie_word_embeddings:
@@ -176,7 +191,8 @@ def load_hf_into_model(model: torch.nn.Module, hf: Mapping[str, torch.Tensor], d
     from megatron.core import parallel_state as ps
 
     local = hf_to_megatron(hf, dims, layout, ps.get_tensor_model_parallel_rank(),
-                           ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank())
+                           ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank(),
+                           ps.get_expert_tensor_parallel_rank(), megatron_layers(model))
     own = model.state_dict()
     for name, t in local.items():
         if name not in own:
@@ -238,7 +254,8 @@ def megatron_stage_to_hf(model: torch.nn.Module, dims: ModelDims,
                          tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Full HF tensors of this pipeline stage (TP/EP all-gather; every TP rank of the stage gets them).
 
-    `tensors` (megatron names -> local tensors, e.g. the gradients) replaces the model's weights."""
+    `tensors` (megatron names -> local tensors, e.g. the gradients) replaces the model's weights;
+    `model` still says which layers this stage holds."""
     from megatron.core import parallel_state as ps
 
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
@@ -248,7 +265,7 @@ def megatron_stage_to_hf(model: torch.nn.Module, dims: ModelDims,
     V = dims.vocab_size
     if pp_rank == 0:
         out["model.embed_tokens.weight"] = torch.cat(_tp_gather(sd["embedding.word_embeddings.weight"]))[:V]
-    for local, layer in enumerate(stage_layers(dims, pp, pp_rank)):
+    for local, layer in enumerate(megatron_layers(model)):
         m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
         kinds = ("weight", "bias") if dims.qkv_bias else ("weight",)
         for kind in kinds:

@@ -15,7 +15,7 @@ from asp_npu.config import Config
 from asp_npu.remote import CALL_S, get, kill_quietly
 from asp_npu.trainer.convert import HFWeights
 from asp_npu.trainer.features import check_features
-from asp_npu.trainer.parallel import ModelDims, check_layout, rendezvous_file
+from asp_npu.trainer.parallel import ModelDims, actor_layout, rendezvous_file
 from asp_npu.types import TrainBatch
 
 
@@ -56,9 +56,9 @@ class TrainerGroup:
 
         act = cfg.actor_config
         tp, pp, dp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size, act.data_parallel_size
-        self.world_size = world_size or tp * pp * dp
+        self.world_size = world_size or tp * pp * act.context_parallel_size * dp
         dims = ModelDims.from_hf_dir(cfg.model.path)
-        self.layout = check_layout(dims, tp, pp, dp, self.world_size)  # before any actor exists
+        self.layout = actor_layout(dims, act, self.world_size)  # before any actor exists
         check_features(dims, act)
         kind = device.detect(cfg.trainer.device)
         self._owns_ray = device.init_ray(max(self.world_size, device.available_devices("cpu")),

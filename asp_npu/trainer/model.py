@@ -4,7 +4,8 @@ All four share RMSNorm, SwiGLU MLPs, grouped-query attention and RoPE (rotate-ha
 interleaved), optionally tied embeddings. They differ in q/k/v biases (Qwen2 only), RMSNorm on each
 query/key head (Qwen3: megatron `qk_layernorm`), the MLP (Qwen3-MoE: megatron's MoE layer, a top-k
 softmax router with a load-balancing aux loss over SequentialMLP experts, tokens exchanged by the
-allgather dispatcher, experts split over `expert_model_parallel_size` ranks) and RoPE scaling
+allgather dispatcher, experts split over `expert_model_parallel_size` ranks and each over the expert
+tensor-parallel size) and RoPE scaling
 (Llama 3.1). The local spec (no Transformer Engine, no apex) runs on CPU/gloo and, with MindSpeed's
 adaptor imported first, on Ascend.
 """
@@ -46,6 +47,7 @@ def moe_fields(dims: ModelDims, layout: Layout) -> dict[str, Any]:
         moe_router_load_balancing_type="aux_loss",
         moe_aux_loss_coeff=1e-3,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
     )
 
 
@@ -77,6 +79,8 @@ def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
         attention_dropout=0.0,
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
+        pipeline_model_parallel_layout=layout.pipeline_layout(),  # uneven stages (None: even split)
         params_dtype=torch_dtype,
         pipeline_dtype=torch_dtype,
         bf16=torch_dtype == torch.bfloat16,

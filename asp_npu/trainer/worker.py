@@ -28,7 +28,7 @@ import torch
 from asp_npu.config import Config
 from asp_npu.trainer.features import check_features, megatron_features
 from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
-from asp_npu.trainer.parallel import ModelDims, check_layout
+from asp_npu.trainer.parallel import ModelDims, actor_layout
 from asp_npu.types import TrainBatch, Trajectory
 
 
@@ -159,9 +159,7 @@ class TrainerWorker:
         self.rank = rank
         self.model_path = model_path or cfg.model.path
         self.dims = ModelDims.from_hf_dir(self.model_path)
-        self.layout = check_layout(self.dims, act.tensor_model_parallel_size,
-                                   act.pipeline_model_parallel_size, act.data_parallel_size, world_size,
-                                   act.expert_model_parallel_size)
+        self.layout = actor_layout(self.dims, act, world_size)
         check_features(self.dims, act)
         self.kind = device.detect(cfg.trainer.device)
         cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
@@ -371,7 +369,7 @@ class TrainerWorker:
         mbs = make_micro_batches(mine, act.micro_batch_size,
                                  act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
                                  self.layout.tp if act.sequence_parallel else 1)
-        if self.dims.num_experts and self.layout.dp > 1:
+        if self.dims.num_experts:  # one shape: allgather dispatch over EP, and fixed p2p shapes for PP
             mbs = self._same_shape_over_dp(mbs)
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
 

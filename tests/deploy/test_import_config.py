@@ -158,8 +158,72 @@ def test_every_key_is_mapped_or_named(tmp_path: Path, capsys: pytest.CaptureFixt
             leaves += len(value) if isinstance(value, dict) else 1
     assert mapped + unmapped == leaves
     for key in (
-        "actor_config.moe_tp_extend_ep",
         "megatron_training.moe_alltoall_overlap_comm",
         "rl_config.token_level_loss",
     ):
         assert f"not mapped: {key}:" in printed
+    # moe_tp_extend_ep (experts over TP4 x EP2, each whole) is megatron's EP8 with expert TP 1
+    act = OmegaConf.load(out).actor_config
+    assert (act.expert_model_parallel_size, act.expert_tensor_parallel_size) == (8, 1)
+    assert OmegaConf.load(out).generate_config.infer_expert_parallel_size == 8  # infer TP1 x EP8
+
+
+def _variant(tmp_path: Path, actor: dict, training: dict | None = None) -> Path:
+    """The 7B fixture with extra MindSpeed layout keys (written here, not a shipped file)."""
+    ms = OmegaConf.to_container(OmegaConf.load(FIXTURE))
+    ms["actor_config"].update(actor)
+    ms["megatron_training"].update(training or {})
+    src = tmp_path / "src" / FIXTURE.name
+    src.parent.mkdir(exist_ok=True)
+    shutil.copytree(FIXTURE.parent / "model", src.parent / "model", dirs_exist_ok=True)
+    src.write_text(OmegaConf.to_yaml(OmegaConf.create(ms)))
+    return src
+
+
+@pytest.mark.parametrize(
+    ("actor", "stages"),
+    [
+        ({"pipeline_model_parallel_size": 2, "num_layer_list": "13,15"}, [13, 15]),
+        # MindSpeed pads 28 layers to 30 with no-op layers 1 and 29, then splits 15 + 15
+        ({"pipeline_model_parallel_size": 2, "num_layers": 30, "noop_layers": "1,29"}, [14, 14]),
+        ({"pipeline_model_parallel_size": 4, "num_layers": 32, "noop_layers": "0,1,2,3"}, [4, 8, 8, 8]),
+    ],
+)
+def test_uneven_pipeline_keys_become_num_layer_list(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    actor: dict, stages: list[int]) -> None:
+    out = tmp_path / "o.yaml"
+    src = _variant(tmp_path, actor)
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode",
+                     "mindspeed-sync"]) == 0
+    printed = capsys.readouterr().out
+    assert list(load_config(str(out), check=False).actor_config.num_layer_list) == stages
+    assert "not mapped: actor_config.noop_layers" not in printed
+    assert "not mapped: actor_config.num_layers" not in printed
+
+
+def test_noop_layers_that_do_not_leave_the_models_layers_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _variant(tmp_path, {"pipeline_model_parallel_size": 2, "num_layers": 30, "noop_layers": "29"})
+    cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(tmp_path / "o.yaml"), "--mode",
+              "mindspeed-sync"])
+    assert "not mapped: actor_config.noop_layers: 30 - 1 no-op layers != the model's 28 layers" in (
+        capsys.readouterr().out)
+
+
+def test_context_parallel_and_swap_optimizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _variant(tmp_path, {"context_parallel_size": 2, "context_parallel_algo": "megatron_cp_algo"},
+                   {"swap_optimizer": True, "use_distributed_optimizer": True})
+    out = tmp_path / "o.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode",
+                     "mindspeed-sync"]) == 0
+    printed = capsys.readouterr().out
+    act = load_config(str(out), check=False).actor_config
+    assert act.context_parallel_size == 2 and act.offload_train_optimizer  # swap: off the NPU in rollout
+    assert act.data_parallel_size == 16 // (4 * 2)  # TP4 x CP2 per data-parallel rank
+    assert "not mapped: actor_config.context_parallel" not in printed
+    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0
+    asp = tmp_path / "asp.yaml"
+    cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(asp), "--mode", "asp"])
+    assert "not mapped: megatron_training.swap_optimizer: MindSpeed's swap_optimizer keeps" in (
+        capsys.readouterr().out)

@@ -18,6 +18,7 @@ from asp_npu.deploy.import_config import KNOWN_MODELS
 from asp_npu.deploy.layout import card_for, plan_layout
 from asp_npu.deploy.memory import (
     instance_memory,
+    stage_memory,
     stage_params,
     trainer_memory,
     trainer_resident_gib,
@@ -191,8 +192,9 @@ BAD = [
     (["rl_config.mode=asp"], "offload only applies when rollout and training share devices"),
     (["model.arch.model_type=gpt_neox"], "model.arch.model_type: 'gpt_neox' is not a known architecture"),
     (
-        ["actor_config.expert_model_parallel_size=4", "actor_config.data_parallel_size=2"],
-        "expert_model_parallel_size=4 does not divide data_parallel_size=2",
+        ["actor_config.expert_model_parallel_size=4", "actor_config.data_parallel_size=2",
+         "actor_config.expert_tensor_parallel_size=0"],
+        "expert_model_parallel_size=4 x expert tensor parallel size 4 = 16 does not divide TP x CP x DP = 8",
     ),
     (["generate_config.weight_nz_mode=1"], "generate_config.weight_nz_mode: 1 turns on"),
 ]
@@ -250,8 +252,9 @@ def test_colocated_moe_fixture_fits_with_offload(tmp_path: Path, capsys: pytest.
         == 0
     )
     cfg = load_config(str(out), check=False)
-    assert (
-        cfg.actor_config.expert_model_parallel_size == 2
+    assert (  # moe_tp_extend_ep: TP4 x EP2 = megatron EP8, expert TP 1
+        cfg.actor_config.expert_model_parallel_size == 8
+        and cfg.actor_config.expert_tensor_parallel_size == 1
         and cfg.generate_config.infer_expert_parallel_size == 8
     )
     assert cfg.actor_config.offload_train_param and cfg.actor_config.recompute_num_layers == 2
@@ -296,3 +299,27 @@ def test_expert_parallel_instances_take_whole_blocks_without_reuse(
         assert i.span_nodes == 1 or i.npus == list(range(per_node))
     if not any(p.startswith(("cluster:", "placement:")) for p in lay.problems):
         assert len(lay.instances) * iep == lay.rollout_npus
+
+
+def test_uneven_stages_hold_their_own_layers_and_the_largest_middle_stage_is_reported() -> None:
+    a = Arch(**KNOWN_MODELS["deepseekv3_671b"])  # 61 layers, the first 3 dense
+    cfg = _cfg("deepseekv3_671b", tensor_model_parallel_size=4, pipeline_model_parallel_size=6,
+               expert_model_parallel_size=64, expert_tensor_parallel_size=1, data_parallel_size=16,
+               num_layer_list=[9, 10, 10, 10, 11, 11])
+    est = trainer_memory(cfg, a, A3)
+    middle = max((stage_memory(cfg, a, A3, s) for s in range(1, 5)), key=lambda e: e.total_gib)
+    assert [e.role for e in est] == ["trainer stage 0 (first)", middle.role, "trainer stage 5 (last)"]
+    assert est[1].total_gib == middle.total_gib
+    assert est[0].notes[0].startswith("9 layers (6 MoE)") and est[2].notes[0].startswith("11 layers (11 MoE)")
+    # experts over EP64 x expert TP1: one rank of an 11-layer stage holds 11 x 256/64 whole experts
+    expert_b = 11 * 256 * 3 * a.hidden_size * a.moe_ffn_hidden_size / 64
+    assert f"{expert_b / 1e9:.2f}B expert, EP64 x expert TP1" in est[2].notes[0]
+
+
+def test_context_parallel_splits_activations_and_logits() -> None:
+    a = Arch(**KNOWN_MODELS["qwen25_7b"])
+    one = trainer_memory(_cfg("qwen25_7b", data_parallel_size=2), a, A3)[0].parts
+    two = trainer_memory(_cfg("qwen25_7b", data_parallel_size=1, context_parallel_size=2), a, A3)[0].parts
+    assert two["activations"] == pytest.approx(one["activations"] / 2, rel=0.02)  # the same micro-batches
+    assert two["logits"] == pytest.approx(one["logits"] / 2)
+    assert two["weights"] == one["weights"]

@@ -77,3 +77,29 @@ def ep_run(rank: int, world: int, port: int, model_dir: str, ep: int, steps: int
            "weights": to_numpy(megatron_stage_to_hf(w.module, w.dims))}
     w.shutdown()
     return out if rank == 0 else {}
+
+
+def moe_layout_run(rank: int, world: int, port: int, model_dir: str, fields: dict[str, Any],
+                   steps: int = 3) -> dict[str, Any]:
+    """`steps` fp32 GRPO updates of the MoE model with these actor_config `fields`: losses, grad norms
+    and this rank's stage gradients (HF names, gathered over TP/EP) before each optimizer step."""
+    from asp_npu.trainer.convert import megatron_stage_to_hf, to_numpy
+    from asp_npu.trainer.worker import TrainerWorker
+
+    cfg = trainer_config(Path(model_dir))
+    for k, v in fields.items():
+        setattr(cfg.actor_config, k, v)
+    w = TrainerWorker(cfg, rank, world, master_port=port)
+    grads: list[dict[str, Any]] = []
+    step = w.optimizer.step
+
+    def capturing_step() -> Any:
+        grads.append(to_numpy(megatron_stage_to_hf(
+            w.module, w.dims, {n: p.main_grad for n, p in w.module.named_parameters()})))
+        return step()
+
+    w.optimizer.step = capturing_step
+    metrics = [w.train_step(make_batch(groups=4, seed=s)) for s in range(steps)]
+    w.shutdown()
+    return {"losses": [m["loss"] for m in metrics], "grad_norms": [m["grad_norm"] for m in metrics],
+            "grads": grads}

@@ -100,7 +100,6 @@ def grpo_options(rank: int, world: int, port: int, model_dir: str) -> dict[str, 
 def _full_grads(worker: Any) -> dict[str, Any]:
     """The reduced (pre-clip) gradients in HF names and full shapes; the distributed optimizer's
     reduce-scatter left each DP rank its own shard of every bucket, so the shards are gathered first."""
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -114,12 +113,7 @@ def _full_grads(worker: Any) -> dict[str, Any]:
                 mine = shards[ps.get_data_parallel_rank()].clone()
                 dist.all_gather(shards, mine, group=ps.get_data_parallel_group())
     grads = {name: p.main_grad.detach().clone() for name, p in worker.module.named_parameters()}
-
-    class _Grads(torch.nn.Module):
-        def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-            return grads
-
-    return {k: v.numpy() for k, v in megatron_stage_to_hf(_Grads(), worker.dims).items()}
+    return {k: v.numpy() for k, v in megatron_stage_to_hf(worker.module, worker.dims, grads).items()}
 
 
 def training_parity(rank: int, world: int, port: int, model_dir: str,
@@ -198,3 +192,25 @@ def offload_cycle(rank: int, world: int, port: int, model_dir: str) -> dict[str,
             res["resident"] = w.allocated_bytes()
         out[name] = res
     return out
+
+
+def stage_parity(rank: int, world: int, port: int, model_dir: str, stages: list[int],
+                 steps: int = 3) -> dict[str, Any]:
+    """`steps` GRPO steps at PP=`world` with `stages` layers per stage (PP=1 when world == 1): losses,
+    and this stage's HF-named gradients before every optimizer step."""
+    from asp_npu.trainer.convert import megatron_layers
+    from asp_npu.trainer.worker import TrainerWorker
+
+    cfg = trainer_config(Path(model_dir), pp=world)
+    cfg.actor_config.num_layer_list = list(stages)
+    w = TrainerWorker(cfg, rank, world, master_port=port)
+    grads: list[dict[str, Any]] = []
+    step = w.optimizer.step
+
+    def capturing_step() -> Any:
+        grads.append(_full_grads(w))
+        return step()
+
+    w.optimizer.step = capturing_step
+    losses = [w.train_step(make_batch(seed=i))["loss"] for i in range(steps)]
+    return {"losses": losses, "grads": grads, "layers": list(megatron_layers(w.module))}

@@ -70,8 +70,20 @@ def test_pipeline_stages_hold_consecutive_layers_with_local_names():
     hf = _hf_state(DIMS)
     first = hf_to_megatron(hf, DIMS, Layout(1, 2, 1), 0, 0)
     last = hf_to_megatron(hf, DIMS, Layout(1, 2, 1), 0, 1)
-    assert list(stage_layers(DIMS, 2, 1)) == [2, 3]
+    assert list(stage_layers(DIMS, Layout(1, 2, 1), 1)) == [2, 3]
     assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
     assert "output_layer.weight" in last and "embedding.word_embeddings.weight" not in last
     assert torch.equal(last["decoder.layers.0.input_layernorm.weight"],
                        hf["model.layers.2.input_layernorm.weight"])
+
+
+def test_uneven_pipeline_stages_hold_their_layer_counts():
+    hf = _hf_state(DIMS)
+    lay = Layout(1, 2, 1, stages=(1, 3))
+    assert [list(stage_layers(DIMS, lay, r)) for r in range(2)] == [[0], [1, 2, 3]]
+    first, last = hf_to_megatron(hf, DIMS, lay, 0, 0), hf_to_megatron(hf, DIMS, lay, 0, 1)
+    assert {k.split(".")[2] for k in first if k.startswith("decoder.layers.")} == {"0"}
+    assert {k.split(".")[2] for k in last if k.startswith("decoder.layers.")} == {"0", "1", "2"}
+    assert torch.equal(last["decoder.layers.0.input_layernorm.weight"],
+                       hf["model.layers.1.input_layernorm.weight"])
+    assert lay.pipeline_layout() == [["embedding", "decoder"], ["decoder"] * 3 + ["loss"]]

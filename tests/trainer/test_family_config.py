@@ -52,7 +52,7 @@ def test_deepseek_v3_says_what_is_missing_and_why(tmp_path):
 def test_expert_parallel_layout_rules():
     assert layout_problems(MOE, 1, 1, 2, 2, ep=2) == []
     assert any("does not divide the 4 experts" in p for p in layout_problems(MOE, 1, 1, 3, 3, ep=3))
-    assert any("does not divide data_parallel_size=2" in p for p in layout_problems(MOE, 1, 1, 2, 2, ep=4))
+    assert any("= 4 does not divide TP x CP x DP = 2" in p for p in layout_problems(MOE, 1, 1, 2, 2, ep=4))
     dense = ModelDims(**{**MOE.__dict__, "arch": "qwen2", "num_experts": 0})
     assert any("needs a MoE model" in p for p in layout_problems(dense, 1, 1, 2, 2, ep=2))
     cfg = Config()
@@ -96,3 +96,13 @@ def test_moe_experts_split_over_expert_parallel_ranks_and_qk_norms_replicated():
                 fc1 = sd[m + f"mlp.experts.local_experts.{j}.linear_fc1.weight"]
                 assert fc1.shape == (4, 8)  # [gate half; up half] of this TP rank
                 assert torch.all(fc1 == 2 * ep_rank + j)
+
+
+def test_expert_tensor_parallel_one_keeps_whole_experts():
+    """MindSpeed's moe_tp_extend_ep as megatron sees it: ETP=1, so each expert is whole on its EP rank."""
+    hf = _moe_hf(MOE)
+    sd = hf_to_megatron(hf, MOE, Layout(2, 1, 1, ep=2, etp=1), 1, 0, 1, etp_rank=0)
+    fc1 = sd["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"]
+    assert fc1.shape == (8, 8) and torch.all(fc1 == 2)  # expert 2, gate + up unsplit
+    proj = sd["decoder.layers.0.self_attention.linear_proj.weight"]
+    assert proj.shape[1] == MOE.num_heads * MOE.head_dim // 2  # attention still TP-split

@@ -63,3 +63,66 @@ def test_trainer_group_rejects_bad_layout_before_ray_starts(tmp_path):
 def test_missing_config_json_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         ModelDims.from_hf_dir(tmp_path)
+
+
+MOE = ModelDims(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+                vocab_size=203, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
+                tie_word_embeddings=True, arch="qwen3-moe", num_experts=8, moe_topk=2,
+                moe_intermediate_size=32)
+
+
+@pytest.mark.parametrize(("tp", "dp", "ep", "etp", "ok"), [
+    (2, 1, 2, 1, True),    # MindSpeed moe_tp_extend_ep TP2 EP1 = megatron EP2 ETP1: folds into TP x DP = 2
+    (2, 1, 2, None, False),  # ETP defaults to TP: 2 x 2 = 4 expert ranks > TP x DP = 2
+    (2, 2, 4, 1, True),    # EP larger than DP is fine once ETP=1 (megatron parallel folding)
+    (1, 2, 2, None, True),
+    (1, 3, 2, None, False),
+])
+def test_expert_layout_follows_megatrons_folding_rule(tp, dp, ep, etp, ok):
+    problems = layout_problems(MOE, tp, 1, dp, tp * dp, ep, etp)
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert "does not divide TP x CP x DP" in problems[0]
+
+
+def test_uneven_stages_must_sum_to_the_layers_and_match_pp():
+    assert check_layout(DIMS, 1, 2, 1, 2, stages=(1, 1)).stage_sizes(2) == (1, 1)
+    four = ModelDims(**{**DIMS.__dict__, "num_layers": 3})
+    assert check_layout(four, 1, 2, 1, 2, stages=(1, 2)).stage_layers(3, 1) == range(1, 3)
+    assert "1+1 = 2 layers, but the model has 3" in layout_problems(four, 1, 2, 1, 2, stages=(1, 1))[0]
+    assert "2 stages [1, 2] but pipeline_model_parallel_size=3" in layout_problems(four, 1, 3, 1, 3,
+                                                                                  stages=(1, 2))[0]
+    assert "num_layer_list for uneven stages" in layout_problems(four, 1, 2, 1, 2)[0]
+
+
+def test_context_parallel_counts_in_the_world_size():
+    assert check_layout(DIMS, 1, 1, 1, 2, cp=2).world_size == 2
+    assert "world size 2 != " in layout_problems(DIMS, 1, 1, 2, 2, cp=2)[0]
+
+
+def test_validate_names_cp_on_cpu_and_stage_lists_that_do_not_add_up():
+    from asp_npu.config import Config, validate
+
+    cfg = Config()
+    cfg.trainer.device = "cpu"
+    cfg.actor_config.context_parallel_size = 2
+    cfg.actor_config.pipeline_model_parallel_size = 2
+    cfg.actor_config.num_layer_list = [1, 1]
+    cfg.model.arch.num_layers = 3
+    problems = validate(cfg)
+    assert any(p.startswith("actor_config.context_parallel_size: CP2 needs trainer.device=npu")
+               and "Transformer Engine" in p for p in problems)
+    assert "actor_config.num_layer_list: 1+1 = 2 layers, but the model has 3" in problems
+    cfg.trainer.device, cfg.actor_config.num_layer_list = "npu", [1, 2]
+    assert not [p for p in validate(cfg) if "context_parallel" in p or "num_layer_list" in p]
+
+
+def test_the_trainer_refuses_context_parallelism_until_micro_batches_are_split(tmp_path):
+    from asp_npu.config import Config
+    from asp_npu.trainer.parallel import CP_NOT_WIRED, actor_layout
+
+    act = Config().actor_config
+    act.context_parallel_size, act.data_parallel_size = 2, 1
+    with pytest.raises(ConfigError, match="does not yet split each micro-batch") as err:
+        actor_layout(DIMS, act, 2)
+    assert str(err.value) == CP_NOT_WIRED
