@@ -383,8 +383,8 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
         lay.warnings.append(
             f"{lay.mode}: rollout uses {rollout} NPUs and training {trainer}; the rest idle in one phase"
         )
-    if act.context_parallel_size > 1:
-        lay.warnings.append(CP_NOT_WIRED)
+    if act.context_parallel_size > 1:  # sized below, but a run would be refused: check says so too
+        lay.problems.append(f"{CP_NOT_WIRED} (memory sized below)")
     arch, problems, source = resolve_arch(cfg)
     lay.arch, lay.arch_source = arch, source
     lay.problems += problems
