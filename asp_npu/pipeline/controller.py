@@ -94,7 +94,7 @@ class Controller:
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         load = self.cfg.actor_config.load
         if load:  # the predictor starts cold (its history is not checkpointed)
-            self.step = self.base = self.saved = int(self.fleet.trainer.load(load)["step"])
+            self.step = self.base = self.saved = self.fleet.load(load)
             self.next_window = self.step // self.shape.steps_per_window
             self._publish()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
