@@ -35,9 +35,9 @@ def bench(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e_partial")
     model = build_model_dir(root / "tiny", "tiny", seed=0)
     out = root / "bench.json"
-    rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", "--modes", "asp", "--partial-rollout",
-                   "--iterations", "2", "--out-dir", str(root / "runs"), "--json", str(out),
-                   f"model.path={model}", *OVERRIDES])
+    rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", "--modes", "asp",
+                   "--partial-rollout", "--iterations", "2", "--out-dir", str(root / "runs"),
+                   "--json", str(out), f"model.path={model}", *OVERRIDES])
     assert rc == 0
     return json.loads(out.read_text()), root / "runs"
 

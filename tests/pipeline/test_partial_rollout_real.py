@@ -106,7 +106,8 @@ def test_queue_actor_restamps_by_instance_and_reconciles_at_put():
 
     stamps, qg, counts = asyncio.run(scenario(partial=False))
     assert stamps == {"w": (1, 1), "r": (0, 0), "x": (0, 0), "other": (0, 0)}  # another instance's: no
-    assert (qg.version, qg.oldest_version) == (1, None) and counts == {"waiting": 1, "running": 0, "at_put": 1}
+    assert (qg.version, qg.oldest_version) == (1, None)
+    assert counts == {"waiting": 1, "running": 0, "at_put": 1}
     stamps, qg, counts = asyncio.run(scenario(partial=True))
     assert stamps["r"] == (0, 1) and stamps["w"] == (1, 1)
     assert (qg.version, qg.oldest_version) == (2, 1) and counts == {"waiting": 1, "running": 1, "at_put": 2}
@@ -121,8 +122,9 @@ def test_bench_runs_each_asynchronous_mode_off_and_on(tmp_path):
     assert cfg.rl_config.mode == "asp" and cfg.rl_config.partial_rollout
     assert cfg.trainer.run_dir.endswith("asp+partial_s7")
     assert not _mode_config(Config(), "asp", 7, tmp_path).rl_config.partial_rollout
-    row = {"throughput_tokens_per_s": 100.0, "iteration_time_mean_s": 2.0, "lag_newest_max": 1, "max_lag": 2,
-           "token_lag_max": 1, "max_token_lag": 2, "token_lag_hist": {"0": 3, "1": 1}, "partial_rollout": False}
+    row = {"throughput_tokens_per_s": 100.0, "iteration_time_mean_s": 2.0, "lag_newest_max": 1,
+           "max_lag": 2, "token_lag_max": 1, "max_token_lag": 2, "token_lag_hist": {"0": 3, "1": 1},
+           "partial_rollout": False}
     text = partial_table({"asp": row, "asp+partial": {**row, "partial_rollout": True,
                                                       "throughput_tokens_per_s": 120.0}})
     assert "| asp | on | 120 | +20.0% |" in text and "0: 75.0%, 1: 25.0%" in text
