@@ -94,14 +94,15 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -
 
 def table(agg: dict[str, Any]) -> str:
     lines = ["| mode | tokens/s (median) | vs mindspeed-sync | iteration s | final reward (± seeds) | "
-             "lag max / bound | trainer idle | rollouter idle |",
+             "lag max / bound (partial rollout: newest token) | trainer idle | rollouter idle |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in agg.items():
         sp = r.get("speedup_vs_mindspeed_sync")
         lines.append(
             f"| {mode} | {r['throughput_tokens_per_s']:,.0f} | {f'{sp:.2f}x' if sp else '-'} | "
             f"{r['iteration_time_mean_s']:.2f} | {r['final_reward']:.3f} ± {r['final_reward_spread']:.3f} | "
-            f"{r['lag_max']} / {r['max_lag']} | {r['trainer_idle_ratio']:.2f} | "
+            f"{r['lag_newest_max'] if r.get('partial_rollout') else r['lag_max']} / {r['max_lag']} | "
+            f"{r['trainer_idle_ratio']:.2f} | "
             f"{r['rollouter_idle_ratio']:.2f} |"
         )
     return "\n".join(lines)
@@ -178,7 +179,8 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
                 _write_json(json_path, config_path, list(overrides or []), seeds, base, runs)
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
-                  f"lag max {summary['lag_max']} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
+                  f"lag max {summary['lag_max']}, token lag max {summary['token_lag_max']} "
+                  f"({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
     return runs
 
 
