@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asp_npu.core.staleness import group_deadline, reconcile_stamp, token_lag_bound
@@ -70,6 +70,7 @@ def test_trajectory_token_versions():
     assert old.token_versions() == [2, 2] and old.changes() == [[0, 2]]
 
 
+@settings(deadline=None)
 @given(st.integers(0, 5), st.integers(0, 3), st.integers(0, 5), st.integers(0, 3), st.booleans(),
        st.integers(1, 3), st.integers(0, 4))
 def test_reconcile_only_moves_a_deadline_later(o, dn, ro, drn, partial, max_lag, extra):
