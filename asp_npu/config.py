@@ -171,7 +171,7 @@ class RLConfig:
     plan_cost_a: float = 0.0535  # planner cost model: seconds per decode step (see asp_npu.schedule.cost)
     plan_cost_b: float = 0.00035  # planner cost model: seconds per running sequence per step
     # --- partial rollout (issue 17; see partial_rollout_problems) ---
-    partial_rollout: bool = False  # lag counted from a group's newest weights (simulator today)
+    partial_rollout: bool = False  # lag counted from a group's newest weights (docs/architecture.md)
     max_token_lag: int | None = None  # bound on every token's lag under partial rollout (None: 4 x max_lag)
     # failures (asp_npu.core.recovery): an instance with work that delivers nothing this long is hung
     # (restarted, its groups re-dispatched); a failed request is generated again at most this often
@@ -227,9 +227,8 @@ class Config:
 
 # ------------------------------------------------------------------ partial rollout (rl_config keys)
 def partial_rollout_problems(rl: RLConfig) -> list[str]:
-    """`max_token_lag` >= `max_lag`; partial rollout only in an asynchronous disaggregated mode, and
-    only in the simulator for now (`asp-npu bench sim --partial-rollout`): the real pipeline refuses it
-    rather than ignore it."""
+    """`max_token_lag` >= `max_lag`; partial rollout only in an asynchronous disaggregated mode (a
+    synchronous one has no refresh while sequences decode)."""
     from asp_npu.core.modes import TABLE
 
     out = []
@@ -245,9 +244,9 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
         if mode is not None and (mode.colocated or mode.fixed_lag == 0 or rl.max_lag == 0):
             out.append(f"rl_config.partial_rollout: mode '{rl.mode}' is synchronous or colocated; "
                        "partial rollout needs an asynchronous disaggregated mode")
-        else:
-            out.append("rl_config.partial_rollout: not in the real pipeline yet; "
-                       "simulate it with `asp-npu bench sim --partial-rollout`")
+        elif rl.weight_refresh_mode == "drain":
+            out.append("rl_config.partial_rollout: needs rl_config.weight_refresh_mode=inflight "
+                       "(a drained refresh lets every sequence finish on the old weights)")
     return out
 
 

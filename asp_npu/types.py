@@ -51,6 +51,9 @@ class Trajectory:
     t_first_token: float = 0.0  # 0.0 = not measured (only streamed requests see their first token)
     t_finished: float = 0.0
     policy_version_last: int = -1  # version of its last token (> policy_version after an in-flight refresh)
+    # every token's behaviour version, as change points [[first token index, weights version], ...]
+    # (first = policy_version; empty = all tokens policy_version); see `token_versions`
+    version_changes: list[list[int]] = field(default_factory=list)
 
     @property
     def response_len(self) -> int:
@@ -58,6 +61,25 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def changes(self) -> list[list[int]]:
+        """Change points of the behaviour version, never empty."""
+        return [list(p) for p in self.version_changes] or [[0, self.policy_version]]
+
+    def token_versions(self) -> list[int]:
+        """The weights version each response token was sampled with."""
+        pts = self.changes()
+        out: list[int] = []
+        for k, (lo, v) in enumerate(pts):
+            hi = pts[k + 1][0] if k + 1 < len(pts) else self.response_len
+            out += [v] * max(0, hi - lo)
+        return out
+
+    def version_segments(self) -> list[tuple[int, int]]:
+        """(weights version, tokens sampled with it) in generation order."""
+        pts = self.changes()
+        return [(v, (pts[k + 1][0] if k + 1 < len(pts) else self.response_len) - lo)
+                for k, (lo, v) in enumerate(pts)]
 
 
 @dataclass

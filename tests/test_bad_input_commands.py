@@ -67,6 +67,15 @@ CASES: list[tuple[str, list[str], str]] = [
      "missing.jsonl"),
     (DATA, ["bench", "real", CONFIG, "--modes", "asp", "--iterations", "1", "--out-dir", "{ws}/bench",
             *SMALL], "--overwrite"),
+    # partial rollout: a token bound below max_lag, or a synchronous mode (issue 17)
+    (VALUE, [*TRAIN, "trainer.run_dir={ws}/new_run", "rl_config.max_lag=2", "rl_config.max_token_lag=1"],
+     "max_token_lag: must be >="),
+    (VALUE, [*TRAIN, "trainer.run_dir={ws}/new_run", "rl_config.mode=mindspeed-sync",
+             "rl_config.partial_rollout=true"], "synchronous or colocated"),
+    (VALUE, ["bench", "real", CONFIG, "--modes", "mindspeed-sync", "--partial-rollout", "--out-dir",
+             "{ws}/new_run", *SMALL], "none of the selected modes"),
+    (VALUE, ["bench", "real", CONFIG, "--modes", "asp", "--partial-rollout", "--out-dir", "{ws}/new_run",
+             *SMALL, "rl_config.max_token_lag=0"], "max_token_lag"),
     # import-config: wrong types, nulls and zero sizes in a MindSpeed-RL file
     (TYPE, ["import-config", "mindspeed-rl", "{ws}/ms_tp0.yaml", "--out", "{ws}/o.yaml"],
      "tensor_model_parallel_size: must be >= 1"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.errors import UserError
-from asp_npu.pipeline.bench import aggregate, run_bench, table
+from asp_npu.pipeline.bench import aggregate, partial_allowed, partial_table, run_bench, table, with_partial
 from asp_npu.pipeline.modes import REAL_MODES
 
 
@@ -24,6 +24,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace previous runs' checkpoints under --out-dir (default: refuse)")
     parser.add_argument("--json", default=None, help="write the per-mode results here")
+    parser.add_argument("--partial-rollout", action="store_true",
+                        help="run each selected asynchronous disaggregated mode with partial rollout off and "
+                        "on "
+                        "(the runs with it on are named <mode>+partial)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every mode")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -34,6 +38,8 @@ def main(argv: list[str]) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError:
         raise UserError(f"--seeds: '{args.seeds}' is not a comma-separated list of integers") from None
+    if args.partial_rollout and not any(partial_allowed(m) for m in modes):
+        raise UserError("--partial-rollout: none of the selected modes is asynchronous and disaggregated")
     if args.iterations is not None and args.iterations < 1:
         raise UserError(f"--iterations: must be >= 1 (got {args.iterations})")
     overrides = list(args.overrides)
@@ -41,9 +47,13 @@ def main(argv: list[str]) -> int:
         overrides.append(f"trainer.train_iters={args.iterations}")
     base = load_config(args.config, overrides, check=False)
     seeds = seeds or [base.data.seed]
-    runs = run_bench(base, modes, seeds, Path(args.out_dir), args.json, args.config, overrides,
+    names = with_partial(modes) if args.partial_rollout else modes
+    runs = run_bench(base, names, seeds, Path(args.out_dir), args.json, args.config, overrides,
                      overwrite=args.overwrite)
     print(table(aggregate(runs)))
+    if args.partial_rollout:
+        print()
+        print(partial_table(aggregate(runs)))
     if args.json:
         print(f"results written to {args.json}")
     return 0

@@ -109,6 +109,15 @@ def handout_feasible(chosen_deadlines: list[int], need: list[tuple[int, int]]) -
 # generated a token when weights refresh is stamped with the version it starts under (`restamp` with
 # oldest = newest): it has no older token.
 
+TOKEN_LAG_FACTOR = 4  # partial rollout's default `max_token_lag`: this many times `max_lag`
+
+
+def token_lag_bound(partial_rollout: bool, max_token_lag: int | None, max_lag: int) -> int | None:
+    """The bound on the oldest token's lag: None without partial rollout (it is `max_lag` then)."""
+    if not partial_rollout:
+        return None
+    return TOKEN_LAG_FACTOR * max_lag if max_token_lag is None else max_token_lag
+
 
 def group_deadline(oldest: int, newest: int, max_lag: int, max_token_lag: int | None = None) -> int:
     """The last trainer step that may consume a group whose tokens span weights `oldest`..`newest`."""
@@ -139,3 +148,19 @@ def token_lags_ok(step: int, oldest: int, newest: int, max_lag: int, max_token_l
     `max_token_lag` (both `max_lag` without partial rollout)."""
     bound = max_lag if max_token_lag is None else max_token_lag
     return lag_ok(step, newest, max_lag) and 0 <= step - oldest <= bound
+
+
+def reconcile_stamp(
+    stamp: tuple[int, int], recorded: tuple[int, int], partial: bool
+) -> list[tuple[int, bool]]:
+    """The `restamp`s (version, started) that move a finished group's stamp (oldest, newest) to the
+    versions its tokens were recorded with (oldest, newest), where a refresh reached its instance before
+    the group did. Only later versions: a stamp never moves earlier (the ledger keeps its guarantee)."""
+    out: list[tuple[int, bool]] = []
+    oldest, newest = stamp
+    if recorded[0] > oldest and recorded[0] >= newest:  # no token from the stamped weights: it started later
+        out.append((recorded[0], False))
+        newest = recorded[0]
+    if partial and recorded[1] > newest:
+        out.append((recorded[1], True))
+    return out

@@ -194,6 +194,13 @@ class TrainQueue:
             self._outstanding[d_new] = self._outstanding.get(d_new, 0) + 1
         self._record(self._now(now))
 
+    def stamp(self, group_id: Hashable) -> tuple[int, int] | None:
+        """(oldest, newest) weights version an in-flight group is stamped with; None if not in flight."""
+        if group_id not in self._in_flight:
+            return None
+        newest = self._in_flight[group_id][0]
+        return self._oldest.get(group_id, newest), newest
+
     def cancel(self, group_id: Hashable, now: float | None = None) -> None:
         """An admitted group will not finish (its instance died): free its place in the ledger."""
         d = self._deadline(group_id)

@@ -308,8 +308,8 @@ _RL_REASONS = {
     "async_engine": "multi-turn rollouts are not supported",
     "rollout_max_tokens": "DAPO's overlong-buffer length; the response cap is sampling_config.max_tokens",
     "max_packing_token_size": "actor_config.ppo_max_token_len_per_gpu holds the update's token budget",
-    "partial_rollout_max_split": "partial rollout is not in asp-npu; the lag bound rl_config.max_lag governs "
-    "staleness",
+    "partial_rollout_max_split": "no split count in asp-npu: partial rollout (rl_config.partial_rollout) "
+    "keeps sequences decoding across refreshes, every token within rl_config.max_token_lag",
     "reference_resource": "the reference model shares the trainer's NPUs in asp-npu",
     "reward_resource": "reward models are not supported; rewards are rule-based",
 }

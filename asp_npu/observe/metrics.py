@@ -31,6 +31,10 @@ RESPONSE_LEN_MIN = "response_length/min"
 REWARD_MEAN = "reward/mean"
 LAG_MEAN = "async/lag_mean"
 LAG_MAX = "async/lag_max"
+LAG_NEWEST_MAX = "async/lag_newest_max"  # partial rollout: lag of the groups' newest tokens (<= max_lag)
+TOKEN_LAG_MEAN = "rollout/token_lag_mean"  # every consumed token: trainer step - its behaviour version
+TOKEN_LAG_MAX = "rollout/token_lag_max"
+TOKEN_LAG_HIST = "rollout/token_lag_hist"  # {lag: tokens} of this step (a TensorBoard histogram)
 QUEUE_OCCUPANCY = "queue/occupancy"  # samples waiting in the TrainQueue when the step took its batch
 TRAINER_IDLE = "trainer/idle_ratio"
 ROLLOUTER_IDLE = "rollouter/idle_ratio"
@@ -64,6 +68,24 @@ class _TensorBoard:
             self._writer.add_event(
                 event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
             )
+
+    def add_histogram(self, step: int, tag: str, counts: dict[int, int], wall_time: float) -> None:
+        """An integer histogram {value: count} (one bucket per integer)."""
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        if not counts:
+            return
+        lo, hi = min(counts), max(counts)
+        n = sum(counts.values())
+        total = sum(k * c for k, c in counts.items())
+        hist = summary_pb2.HistogramProto(
+            min=float(lo), max=float(hi), num=float(n), sum=float(total),
+            sum_squares=float(sum(k * k * c for k, c in counts.items())),
+            bucket_limit=[lo - 0.5] + [k + 0.5 for k in range(lo, hi + 1)],
+            bucket=[0.0] + [float(counts.get(k, 0)) for k in range(lo, hi + 1)])
+        value = summary_pb2.Summary.Value(tag=tag, histo=hist)
+        self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step,
+                                               summary=summary_pb2.Summary(value=[value])))
 
     def close(self) -> None:
         self._writer.flush()
@@ -136,6 +158,9 @@ class MetricsLogger:
         if self._tb is not None:
             scalars = {k: v for k, v in ((k, _finite(v)) for k, v in metrics.items()) if v is not None}
             self._tb.add(step, scalars, now)
+            for k, v in metrics.items():
+                if isinstance(v, dict) and v and all(_finite(c) is not None for c in v.values()):
+                    self._tb.add_histogram(step, k, {int(x): int(c) for x, c in v.items()}, now)
         if self._console and console:
             line = progress_line(step, self.total_steps, metrics, self.max_lag)
             print(f"{self.prefix}{line}", file=self._stream, flush=True)

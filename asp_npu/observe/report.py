@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write_with
@@ -73,6 +75,20 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     return _checked(rows, path, ("step",))
 
 
+def token_lags(samples: list[dict[str, Any]]) -> Counter[int]:
+    """Consumed tokens by lag, from each sample's recorded version change points (empty if none)."""
+    out: Counter[int] = Counter()
+    for s in samples:
+        ch = s.get("version_changes")
+        if not ch or "step" not in s:
+            continue
+        n = int(s.get("response_len", 0))
+        for k, (lo, v) in enumerate(ch):
+            hi = ch[k + 1][0] if k + 1 < len(ch) else n
+            out[int(s["step"]) - int(v)] += max(0, int(hi) - int(lo))
+    return out
+
+
 def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
     import matplotlib
@@ -123,7 +139,16 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
 
     ax = axes[1][0]
     lags = Counter(int(s["step"]) - int(s["policy_version"]) for s in samples if "step" in s)
-    if lags:
+    tokens = token_lags(samples)
+    if lags and tokens:  # every token's version recorded: samples (oldest token) and tokens, as shares
+        keys = sorted(set(lags) | set(tokens))
+        n_s, n_t = sum(lags.values()), sum(tokens.values()) or 1
+        xs_ = np.arange(len(keys))
+        ax.bar(xs_ - 0.2, [lags[k] / n_s for k in keys], 0.4, label="samples (oldest token)")
+        ax.bar(xs_ + 0.2, [tokens[k] / n_t for k in keys], 0.4, label="tokens")
+        ax.set_xticks(xs_, [str(k) for k in keys])
+        ax.legend(fontsize=8)
+    elif lags:
         keys = sorted(lags)
         ax.bar([str(k) for k in keys], [lags[k] for k in keys])
     else:
@@ -134,7 +159,12 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         if ys:
             ax.legend(fontsize=8)
     bound = summary.get("max_lag")
-    ax.set(title=f"policy lag of trained samples (bound {bound})", xlabel="lag (versions)", ylabel="samples")
+    if tokens and summary.get("partial_rollout"):
+        ax.set(title=f"lag: group newest <= {bound}, every token <= {summary.get('max_token_lag')}",
+               xlabel="lag (versions)", ylabel="share")
+    else:
+        ax.set(title=f"policy lag of trained samples (bound {bound})", xlabel="lag (versions)",
+               ylabel="share" if tokens else "samples")
 
     ax = axes[1][1]
     bubbles = _bubbles(summary, rows)

@@ -5,6 +5,8 @@ same seeds; only `rl_config.mode` changes. The warm start (if configured) runs o
 starts from the same warm-started weights. Within each seed the mode order rotates, so slow drift
 of a shared machine does not always hit the same mode. Each run keeps its full run directory
 (`<out-dir>/<mode>_s<seed>/`, with report.png); the table and `--json` give per-mode medians.
+With partial rollout (`--partial-rollout`) each asynchronous disaggregated mode also runs with
+`rl_config.partial_rollout=true`, right after the same mode without it, as the mode `<mode>+partial`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,20 @@ from asp_npu.config import Config
 from asp_npu.pipeline.preflight import preflight
 
 BASELINE = "mindspeed-sync"
+PARTIAL = "+partial"
+
+
+def partial_allowed(mode: str) -> bool:
+    """Partial rollout needs weights refreshed while sequences decode: an asynchronous disaggregated mode."""
+    from asp_npu.core.modes import TABLE
+
+    m = TABLE.get(mode)
+    return m is not None and not m.colocated and m.fixed_lag != 0
+
+
+def with_partial(modes: list[str]) -> list[str]:
+    """Each mode, followed by `<mode>+partial` where partial rollout applies (side by side)."""
+    return [n for m in modes for n in ([m, m + PARTIAL] if partial_allowed(m) else [m])]
 
 
 def _median(xs: list[float]) -> float:
@@ -39,7 +55,16 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -
         n = min((len(c) for c in curves), default=0)
         mean_curve = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
         finals = [r["final_reward"] for r in rs]
+        hist: dict[str, int] = {}
+        for r in rs:
+            for k, n in r.get("token_lag_hist", {}).items():
+                hist[k] = hist.get(k, 0) + n
         out[mode] = {
+            "partial_rollout": bool(rs and rs[0].get("partial_rollout")),
+            "lag_newest_max": max((r.get("lag_newest_max", r["lag_max"]) for r in rs), default=0),
+            "token_lag_max": max((r.get("token_lag_max", r["lag_max"]) for r in rs), default=0),
+            "max_token_lag": rs[0].get("max_token_lag", rs[0]["max_lag"]) if rs else 0,
+            "token_lag_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
             "throughput_tokens_per_s": _median([r["throughput_tokens_per_s"] for r in rs]),
             "iteration_time_mean_s": _median([r["iteration_time_mean_s"] for r in rs]),
             "step_time_mean_s": _median([r["step_time_mean_s"] for r in rs]),
@@ -69,24 +94,44 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -
 
 def table(agg: dict[str, Any]) -> str:
     lines = ["| mode | tokens/s (median) | vs mindspeed-sync | iteration s | final reward (± seeds) | "
-             "lag max / bound | trainer idle | rollouter idle |",
+             "lag max / bound (partial rollout: newest token) | trainer idle | rollouter idle |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in agg.items():
         sp = r.get("speedup_vs_mindspeed_sync")
         lines.append(
             f"| {mode} | {r['throughput_tokens_per_s']:,.0f} | {f'{sp:.2f}x' if sp else '-'} | "
             f"{r['iteration_time_mean_s']:.2f} | {r['final_reward']:.3f} ± {r['final_reward_spread']:.3f} | "
-            f"{r['lag_max']} / {r['max_lag']} | {r['trainer_idle_ratio']:.2f} | "
+            f"{r['lag_newest_max'] if r.get('partial_rollout') else r['lag_max']} / {r['max_lag']} | "
+            f"{r['trainer_idle_ratio']:.2f} | "
             f"{r['rollouter_idle_ratio']:.2f} |"
         )
     return "\n".join(lines)
 
 
-def _mode_config(base: Config, mode: str, seed: int, out_dir: Path) -> Config:
+def partial_table(agg: dict[str, Any]) -> str:
+    """Partial rollout off and on, per mode: throughput, lags against their bounds, token-lag histogram."""
+    lines = ["| mode | partial rollout | tokens/s | change | iteration s | lag newest max / max_lag | "
+             "token lag max / max_token_lag | tokens by lag |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for mode, r in agg.items():
+        off = agg.get(mode.removesuffix(PARTIAL)) if mode.endswith(PARTIAL) else None
+        change = (f"{r['throughput_tokens_per_s'] / off['throughput_tokens_per_s'] - 1:+.1%}"
+                  if off and off["throughput_tokens_per_s"] > 0 else "-")
+        total = sum(r["token_lag_hist"].values()) or 1
+        hist = ", ".join(f"{k}: {n / total:.1%}" for k, n in r["token_lag_hist"].items())
+        lines.append(f"| {mode.removesuffix(PARTIAL)} | {'on' if r['partial_rollout'] else 'off'} | "
+                     f"{r['throughput_tokens_per_s']:,.0f} | {change} | {r['iteration_time_mean_s']:.2f} | "
+                     f"{r['lag_newest_max']} / {r['max_lag']} | "
+                     f"{r['token_lag_max']} / {r['max_token_lag']} | {hist} |")
+    return "\n".join(lines)
+
+
+def _mode_config(base: Config, name: str, seed: int, out_dir: Path) -> Config:
     cfg = copy.deepcopy(base)
+    mode = name.removesuffix(PARTIAL)
     cfg.rl_config.mode = mode
+    cfg.rl_config.partial_rollout = name.endswith(PARTIAL)
     cfg.data.seed = seed
-    cfg.trainer.run_dir = str(out_dir / f"{mode}_s{seed}")
+    cfg.trainer.run_dir = str(out_dir / f"{name}_s{seed}")
     cfg.model.warm_start_steps = 0
     return cfg
 
@@ -134,7 +179,8 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
                 _write_json(json_path, config_path, list(overrides or []), seeds, base, runs)
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
-                  f"lag max {summary['lag_max']} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
+                  f"lag max {summary['lag_max']}, token lag max {summary['token_lag_max']} "
+                  f"({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
     return runs
 
 

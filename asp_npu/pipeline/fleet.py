@@ -16,6 +16,7 @@ from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
+from asp_npu.core.staleness import token_lag_bound
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
 
@@ -86,8 +87,10 @@ class Fleet:
         if init_ray(sh.instances * sh.infer_tp + sh.trainer_world + 1, self.cfg.trainer.nnodes <= 1,
                     log_to_driver=True, logging_level="warning"):
             self._owns_ray = True
+        rl = self.cfg.rl_config
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
-                                      self.mode.queue_order)
+                                      self.mode.queue_order, sh.steps_per_version,
+                                      token_lag_bound(rl.partial_rollout, rl.max_token_lag, sh.max_lag))
         settings, sampling = self._launch = self._engine_settings()
         self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,

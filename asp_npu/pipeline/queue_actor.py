@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from asp_npu.core.records import Arrival, Minibatch
+from asp_npu.core.staleness import reconcile_stamp
 from asp_npu.core.train_queue import QueuedGroup, TrainQueue
 from asp_npu.types import Trajectory
 
@@ -29,10 +30,15 @@ class QueueService:
     """Async Ray actor body (`ray.remote(QueueService)`); usable in-process in tests."""
 
     def __init__(
-        self, minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo"
+        self, minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo",
+        steps_per_version: int = 1, max_token_lag: int | None = None,
     ) -> None:
-        self.queue = TrainQueue(minibatch_groups, version_groups, max_lag, order=order, clock=time.time)
+        self.queue = TrainQueue(minibatch_groups, version_groups, max_lag, order=order, clock=time.time,
+                                max_token_lag=max_token_lag)
         self.group_size = group_size
+        self.steps_per_version = steps_per_version
+        self.base = 0  # trainer step a resumed run continued after (ledger versions count from it)
+        self.restamps = {"waiting": 0, "running": 0, "at_put": 0}  # groups restamped, by cause
         self.arrivals: list[Arrival] = []  # one per put group, in arrival order
         self.handouts: list[dict[str, Any]] = []
         self.consumed_ids: list[str] = []  # every group handed to the trainer, in order (resumed ones first)
@@ -58,6 +64,36 @@ class QueueService:
         self.wakes += 1
         self._notify()
         return self.wakes
+
+    async def set_base(self, base: int) -> None:
+        self.base = int(base)
+
+    def ledger_version(self, weights_step: int) -> int:
+        """The ledger's version of weights published after `weights_step` trainer steps."""
+        return (int(weights_step) - self.base) // self.steps_per_version
+
+    async def restamp(self, instance: int, weights_step: int, waiting: list[str], running: list[str]) -> None:
+        """Weights `weights_step` went live on `instance`: its `waiting` groups (no token yet) start with
+        them; under partial rollout its `running` ones count their newest tokens from them."""
+        v = self.ledger_version(weights_step)
+        partial = self.queue.max_token_lag is not None
+        for gids, started in ((waiting, False), (running if partial else [], True)):
+            for gid in gids:
+                st = self.queue.stamp(gid) if self.owner.get(gid) == instance else None
+                if st is not None and v > st[1]:
+                    self.queue.restamp(gid, v, started=started)
+                    self.restamps["running" if started else "waiting"] += 1
+
+    def _reconcile(self, gid: str, group: list[Trajectory]) -> None:
+        """Bring the stamp to the versions the group's tokens were recorded with (`reconcile_stamp`)."""
+        st = self.queue.stamp(gid)
+        if st is None:
+            return
+        rec = (self.ledger_version(min(t.changes()[0][1] for t in group)),
+               self.ledger_version(max(t.changes()[-1][1] for t in group)))
+        for v, started in reconcile_stamp(st, rec, self.queue.max_token_lag is not None):
+            self.queue.restamp(gid, v, started=started)
+            self.restamps["at_put"] += 1
 
     async def capacity(self, version: int) -> int:
         return self.queue.capacity(version)
@@ -102,6 +138,7 @@ class QueueService:
             self.stale_puts += 1  # a lost instance's late put: the group was cancelled or re-dispatched
             return len(self.arrivals)
         del self.owner[gid]
+        self._reconcile(gid, group)
         tokens = sum(x.response_len for x in group)
         self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
         self.arrivals.append(Arrival(
@@ -170,21 +207,25 @@ class QueueService:
         q = self.queue
         return {"queued": q.n_queued, "in_flight": q.n_in_flight, "consumed": q.consumed,
                 "trainer_step": q.trainer_step, "arrivals": len(self.arrivals),
-                "failures": len(self.failures), "stale_puts": self.stale_puts}
+                "failures": len(self.failures), "stale_puts": self.stale_puts,
+                "restamps": dict(self.restamps)}
 
     async def series(self) -> dict[str, Any]:
         """Occupancy over time (groups), lags of handed-out groups, handouts and the queue summary."""
         s = self.queue.stats
         return {"t": list(s.t), "queued": list(s.queued), "in_flight": list(s.in_flight),
                 "lags": list(s.lags), "handouts": list(self.handouts), "arrivals": list(self.arrivals),
-                "summary": self.queue.summary()}
+                "summary": {**self.queue.summary(),
+                            **{f"restamped_{k}": float(n) for k, n in self.restamps.items()}}}
 
 
 def make_queue_actor(
-    minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo"
+    minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo",
+    steps_per_version: int = 1, max_token_lag: int | None = None,
 ) -> Any:
     """Start the queue actor (Ray must be initialised); it takes no CPU slot of the instances/trainer."""
     import ray
 
     cls = ray.remote(QueueService).options(num_cpus=0, max_concurrency=1000)
-    return cls.remote(minibatch_groups, version_groups, max_lag, group_size, order)
+    return cls.remote(minibatch_groups, version_groups, max_lag, group_size, order, steps_per_version,
+                      max_token_lag)

@@ -1,6 +1,7 @@
 """The recorder: everything a real run writes about itself, kept apart from the control loop.
 
-Per trainer step a metrics row and one consumption-ledger row per sample (`samples.jsonl`), and
+Per trainer step a metrics row and one consumption-ledger row per sample (`samples.jsonl`, with every
+token's behaviour version as change points and the lag counted from them), and
 failures / recoveries as they happen (`run_log.jsonl`): both appended and flushed at once, so a crashed
 run keeps everything up to the crash. Also the controller-side intervals the bubble accounting needs
 (blocked / paused / lent instances, trainer busy / paused / lent); at the end the event log, the
@@ -19,6 +20,7 @@ from asp_npu.config import Config
 from asp_npu.core import run_dir as rd
 from asp_npu.core.records import GroupKey, Minibatch
 from asp_npu.core.shape import RunShape
+from asp_npu.core.staleness import token_lag_bound
 from asp_npu.io import close_synced
 from asp_npu.observe import metrics as M
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
@@ -26,6 +28,13 @@ from asp_npu.pipeline.weights import Refreshed
 from asp_npu.types import Trajectory
 
 RUN_LOG = rd.RUN_LOG  # failures, retries, restarts and recoveries, one JSON line each, as they happen
+
+
+def token_lag_metrics(hist: dict[int, int]) -> dict[str, Any]:
+    """One step's token-lag metrics from {lag: tokens}."""
+    n = sum(hist.values())
+    return {M.TOKEN_LAG_MEAN: sum(k * c for k, c in hist.items()) / n if n else 0.0,
+            M.TOKEN_LAG_MAX: float(max(hist, default=0)), M.TOKEN_LAG_HIST: dict(sorted(hist.items()))}
 
 
 class Recorder:
@@ -41,6 +50,7 @@ class Recorder:
         self.train_step_s = 0.0  # trainer seconds per step (moving average; the planner overlaps with it)
         self.t_start = self.last_step_end = 0.0
         self.arrived_tokens = 0  # tokens generated since the last step (vLLM throughput)
+        self.token_lag_hist: dict[int, int] = {}  # every consumed token by its lag (the whole run)
         self.lent_since: float | None = None
         loggers = cfg.trainer.logger if console else [x for x in cfg.trainer.logger if x != "console"]
         self.run_log: list[dict[str, Any]] = []
@@ -80,21 +90,36 @@ class Recorder:
         self.trainer.busy.append((t0, t1))
         self.train_step_s = (t1 - t0) if not self.train_step_s else 0.7 * self.train_step_s + 0.3 * (t1 - t0)
         offset = base // k  # ledger numbers -> run-wide numbers after a resume
+
+        def ledger(weights_step: int) -> int:
+            return (weights_step - base) // k + offset
+
         ledger_step = mb.step + offset
-        lags = [ledger_step - (t.policy_version - base) // k - offset for t in trajs]
+        lags = [ledger_step - ledger(t.policy_version) for t in trajs]
+        newest: dict[str, int] = {}  # group -> its newest token's version (partial rollout counts from it)
+        hist: dict[int, int] = {}
         first = len(self.samples_rows)
         for t in trajs:
             key = GroupKey.parse(t.prompt_id)
+            changes = [[i, ledger(w)] for i, w in t.changes()]
+            newest[t.prompt_id] = max(newest.get(t.prompt_id, 0), changes[-1][1])
+            for w, n in t.version_segments():
+                hist[ledger_step - ledger(w)] = hist.get(ledger_step - ledger(w), 0) + n
             self.samples_rows.append({
                 "prompt_id": key.prompt_id, "epoch": key.epoch, "sample_idx": t.sample_idx,
-                "instance": t.instance, "policy_version": (t.policy_version - base) // k + offset,
+                "instance": t.instance, "policy_version": ledger(t.policy_version),
+                "policy_version_newest": changes[-1][1], "version_changes": changes,
                 "weights_step": t.policy_version,
                 "weights_step_last": max(t.policy_version, t.policy_version_last),
                 "step": ledger_step, "trainer_step": step, "response_len": t.response_len,
                 "prompt_len": len(t.prompt_token_ids), "reward": t.reward, "t_finished": t.t_finished,
             })
         self._append(self._samples, self.samples_rows[first:])
+        for lag, n in hist.items():
+            self.token_lag_hist[lag] = self.token_lag_hist.get(lag, 0) + n
         row = self._row(mb, trajs, out, t0, t1, waited_s, step, lags)
+        row.update(token_lag_metrics(hist))
+        row[M.LAG_NEWEST_MAX] = float(max(ledger_step - v for v in newest.values()))
         self.versions.append((t1, step + 1))
         self.step_ends.append(t1)
         if (step + 1) % self.shape.steps_per_window == 0:
@@ -189,6 +214,12 @@ class Recorder:
         it_times = [b - a for a, b in zip(it_ends, it_ends[1:], strict=False)]
         rewards = [r for r in (row.get(M.REWARD_MEAN) for row in self.metrics.history) if r is not None]
         lags = [r["step"] - r["policy_version"] for r in rows]
+        newest: dict[tuple[str, int], tuple[int, int]] = {}
+        for r in rows:  # per group: (step, newest version of any of its tokens)
+            g = (r["prompt_id"], r["epoch"])
+            newest[g] = (r["step"], max(newest.get(g, (0, -1))[1], r.get("policy_version_newest", -1)))
+        hist = dict(sorted(self.token_lag_hist.items()))
+        rl = self.cfg.rl_config
         return {
             "steps": steps, "iterations": len(self.iterations), "samples": len(rows), "tokens": tokens,
             "wall_s": span,
@@ -200,6 +231,13 @@ class Recorder:
             "reward_curve": rewards,
             "lag_max": max(lags) if lags else 0,
             "lag_mean": float(np.mean(lags)) if lags else 0.0,
+            "lag_newest_max": max((st - v for st, v in newest.values()), default=0),
+            "partial_rollout": rl.partial_rollout,
+            "max_token_lag": token_lag_bound(rl.partial_rollout, rl.max_token_lag, self.shape.max_lag)
+            or self.shape.max_lag,
+            "token_lag_max": max(hist, default=0),
+            "token_lag_mean": sum(k * n for k, n in hist.items()) / max(1, sum(hist.values())),
+            "token_lag_hist": {str(k): n for k, n in hist.items()},
         }
 
     def close(self) -> None:

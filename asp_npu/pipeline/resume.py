@@ -137,10 +137,13 @@ def restore(ctrl: Any, load: str) -> None:
     meta = ctrl.fleet.trainer.load(load)
     ctrl.step = ctrl.base = ctrl.saved = int(meta["step"])
     state = load_state(load)
+    if state is not None:
+        ctrl.base = state.base
+    get(ctrl.fleet.queue.set_base.remote(ctrl.base), CALL_S, "the TrainQueue actor", "set_base")
     if state is None:
         ctrl.next_window = ctrl.step // ctrl.shape.steps_per_window
         return
-    ctrl.base, ctrl.next_window = state.base, state.next_window
+    ctrl.next_window = state.next_window
     get(ctrl.fleet.queue.restore.remote(state.consumed, state.consumed_ids, state.queued), CALL_S,
         "the TrainQueue actor", "restore")
     if state.predictor is not None and hasattr(ctrl.predictor, "load_state_dict"):

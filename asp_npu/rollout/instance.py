@@ -348,7 +348,22 @@ class RolloutInstance:
     ) -> dict[str, Any]:
         """weight_refresh (drained or in flight, see `VLLMEngine.refresh_weights`)."""
         report = await self.engine.refresh_weights(weights, version, drain)
+        self._restamp(version)
         return {"instance": self.instance_id, **asdict(report)}
+
+    def _restamp(self, version: int) -> None:
+        """Weights `version` are live: tell the sink which of this instance's groups start with them
+        (no token yet, queued here or not scheduled by vLLM: `waiting`) and which keep decoding with
+        them (`running`), so the lag ledger counts from the versions their tokens really have."""
+        restamp = getattr(self.sink, "restamp", None)
+        if restamp is None:
+            return
+        status = dict(getattr(self.engine, "last_refresh", None) or {})
+        waiting = [pid for pid in self._expected
+                   if pid not in self._partial and status.get(pid, "waiting") == "waiting"]
+        running = [pid for pid, st in status.items() if st == "running"]
+        if waiting or running:
+            self._sink_calls.append(restamp.remote(self.instance_id, int(version), waiting, running))
 
     # vLLM's weight-transfer protocol, driven by the trainer's rank 0 (see `weight_sync`)
 
@@ -375,6 +390,7 @@ class RolloutInstance:
 
     async def finish_weight_update(self, version: int) -> dict[str, Any]:
         report = await self.engine.finish_weight_update(version)
+        self._restamp(version)
         return {"instance": self.instance_id, **asdict(report)}
 
     async def pause(self) -> None:

@@ -36,6 +36,25 @@ class WeightReceiver:
         repack_cpu_moe_experts(self)
         return time.perf_counter() - t0
 
+    def load_safetensors_bytes_counted(self, blob: bytes) -> tuple[float, dict]:
+        """`load_safetensors_bytes`, also returning `token_counts` as of the load: both run between the
+        same two engine steps, so the counts split every request's tokens exactly into old and new."""
+        counts = self.token_counts()
+        return self.load_safetensors_bytes(blob), counts
+
+    def token_counts(self) -> dict[str, tuple[int, bool]]:
+        """Per request this worker holds: (tokens generated so far, whether its last token ended it).
+
+        A request's next token comes from whatever weights are live at the next engine step, so these
+        counts are the version change points of per-token behaviour versions (`vllm_engine`). `ended`
+        marks a request that finished in the last step (the scheduler has not dropped it yet): it will
+        generate nothing more. Requests not scheduled yet (or preempted) are absent."""
+        out: dict[str, tuple[int, bool]] = {}
+        for rid, st in getattr(getattr(self, "model_runner", None), "requests", {}).items():
+            toks = st.output_token_ids
+            out[rid] = (len(toks), _ended(toks, st.sampling_params))
+        return out
+
     def weight_transfer_stats(self) -> dict:
         """What the last refresh through the weight-transfer engine cost here (gloo engine; else empty)."""
         return dict(getattr(getattr(self, "weight_transfer_engine", None), "last", None) or {})
@@ -57,6 +76,17 @@ class WeightReceiver:
             except OSError:
                 continue
         return sorted(cores)
+
+
+def _ended(tokens: list[int], params: object) -> bool:
+    """vLLM's stop check (`v1/core/sched/utils.check_stop`, same order): EOS, stop token ids, length."""
+    if not tokens or params is None:
+        return False
+    last = tokens[-1]
+    eos = getattr(params, "eos_token_id", None)
+    if (eos is not None and last == eos) or last in (getattr(params, "stop_token_ids", None) or ()):
+        return True
+    return len(tokens) >= (getattr(params, "max_tokens", None) or 1 << 62)
 
 
 def with_tied_head(worker: object, weights: dict) -> dict:

@@ -31,16 +31,17 @@ import numpy as np
 
 from asp_npu.core.modes import BASELINES, MODES, TABLE, Mode, sim_mode
 from asp_npu.core.records import Unit
+from asp_npu.core.staleness import TOKEN_LAG_FACTOR
 from asp_npu.errors import UserError
 from asp_npu.sim.cost import SimCost
 from asp_npu.sim.engine import RunSpec, UnitSource
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload
 
-# partial rollout's default bound on the oldest token: 4 x max_lag. At the `paper` point with the
-# FLOP-derived trainer cost a 16k-token straggler spans ~3 iterations, so 2 x max_lag binds at max_lag
-# 1-2 and halves the gain (docs/simulator.md); the oldest tokens' lag there stays within 4 x.
-TOKEN_LAG_FACTOR = 4
+# partial rollout's default bound on the oldest token: 4 x max_lag (`asp_npu.core.staleness`, shared
+# with the real pipeline). At the `paper` point with the FLOP-derived trainer cost a 16k-token straggler
+# spans ~3 iterations, so 2 x max_lag binds at max_lag 1-2 and halves the gain (docs/simulator.md); the
+# oldest tokens' lag there stays within 4 x.
 SPECS: dict[str, Mode] = TABLE  # the one mode table (asp_npu.core.modes); kept under the simulator's old name
 __all__ = [
     "BASELINES", "MODES", "SPECS", "Layout", "layout_for", "partial_allowed", "run_spec", "split_devices"

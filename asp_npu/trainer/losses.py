@@ -6,7 +6,10 @@ Three policies appear per token (decoupled PPO, as in AReaL):
 - `pi_theta`: the weights being optimised.
 Loss per response token: `w * max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) + beta * KL(theta || ref)`
 with `r = pi_theta / pi_prox` and the truncated importance weight `w = min(pi_prox / pi_b, cap)`, which
-corrects for the policy lag. Aggregation is token-level over the whole minibatch (DAPO), so the
+corrects for the policy lag. `pi_b` is per token: under partial rollout one sample's tokens come from
+several weights versions (`Trajectory.version_changes`), and its behaviour logprobs are the ones vLLM
+returned as each token was sampled, so every token is corrected against its own behaviour policy.
+Aggregation is token-level over the whole minibatch (DAPO), so the
 result does not depend on how the minibatch is cut into micro-batches or data-parallel shards.
 """
 

@@ -207,6 +207,10 @@ def test_inflight_refresh_loads_while_a_sequence_keeps_decoding(engine, hf_model
     assert report.drain_s == 0.0 and eng.policy_version == v0 + 1
     assert t_loaded < t.t_finished and t.response_len == 200 and len(t.logprobs) == 200
     assert t.policy_version == v0 and t.policy_version_last == v0 + 1
+    # the worker's count at the load splits the tokens: every token's behaviour version is recorded
+    (first, (n, v)) = t.version_changes
+    assert first == [0, v0] and v == v0 + 1 and 0 < n < 200
+    assert t.token_versions() == [v0] * n + [v0 + 1] * (200 - n)
 
 
 def test_pause_holds_new_sequences_until_resume(engine):

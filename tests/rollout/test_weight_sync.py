@@ -207,6 +207,9 @@ def test_keep_mode_refreshes_mid_flight_and_records_first_and_last_version(keep_
     for t in group:
         assert t.response_len == 300 and len(t.logprobs) == 300
         assert t.policy_version == 0 and t.policy_version_last == 1 and t.t_finished > t_loaded
+        # counted while vLLM held the sequences frozen: every token's behaviour version is exact
+        (first, (n, v)) = t.version_changes
+        assert first == [0, 0] and v == 1 and 0 < n < 300
 
 
 @pytest.mark.slow

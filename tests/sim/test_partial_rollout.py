@@ -102,10 +102,11 @@ def test_cli_bad_partial_input_one_line_exit_2(argv, msg, capsys) -> None:
     [
         (["rl_config.max_lag=2", "rl_config.max_token_lag=1"], "max_token_lag: must be >="),
         (["rl_config.partial_rollout=true", "rl_config.mode=mindspeed-sync"], "synchronous or colocated"),
-        (["rl_config.partial_rollout=true"], "not in the real pipeline yet"),
+        (["rl_config.partial_rollout=true", "rl_config.weight_refresh_mode=drain"], "inflight"),
     ],
 )
 def test_config_partial_rollout_keys(overrides, msg) -> None:
     assert load_config(None, ["rl_config.max_token_lag=3"]).rl_config.max_token_lag == 3
+    assert load_config(None, ["rl_config.partial_rollout=true"]).rl_config.partial_rollout
     with pytest.raises(ConfigError, match=msg):
         load_config(None, overrides)
