@@ -51,6 +51,7 @@ WARM_START = "warm_start"
 RUN_LOG = "run_log.jsonl"
 OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT,
          WARM_START, RUN_LOG)
+STREAMED = (SAMPLES, METRICS, RUN_LOG)  # appended as the run goes: a resumed run continues them
 PREVIOUS = "previous-run"  # prefix of the folder a replaced run's files wait in until the new run trained
 
 
@@ -62,6 +63,7 @@ class RunDir:
         self.previous: Path | None = None  # where the replaced run's files wait (create .. commit)
         self._kept: tuple[str, ...] = ()  # names create left in place (checkpoints a run resumes from)
         self._made = False  # create made the folder itself
+        self.continuing = False  # a resumed run appends to the streamed files (`continue_from`)
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
@@ -85,7 +87,7 @@ class RunDir:
 
     @classmethod
     def create(cls, path: str | Path, config_yaml: str, keep_checkpoints: bool = False,
-               overwrite: bool = False) -> RunDir:
+               overwrite: bool = False, continue_streams: bool = False) -> RunDir:
         """Make (or reuse) the folder, set aside what a previous run left in our layout, snapshot the config.
 
         Call it only once the new run has passed validation. A previous run's checkpoints are refused
@@ -96,7 +98,7 @@ class RunDir:
         if problem:
             raise UserError(problem)
         run._made = not run.path.exists()
-        run._kept = (CHECKPOINTS,) if keep_checkpoints else ()
+        run._kept = ((CHECKPOINTS,) if keep_checkpoints else ()) + (STREAMED if continue_streams else ())
         try:
             run.path.mkdir(parents=True, exist_ok=True)
             run._set_aside()
@@ -129,6 +131,32 @@ class RunDir:
             aside.rmdir()
             raise
         self.previous = aside
+
+    def continue_from(self, step: int) -> None:
+        """A run resuming its own checkpoint of trainer step `step`: keep the streamed rows up to it
+        (samples consumed by earlier steps, metrics of steps <= `step`, every run_log event) and append
+        to them; rows of later steps are trained again, so they go. A torn last line (a killed run) is
+        dropped; the files are rewritten temp + fsync + rename."""
+        def keep_sample(r: dict[str, Any]) -> bool:
+            return int(r.get("trainer_step", 0)) < step
+
+        def keep_metric(r: dict[str, Any]) -> bool:
+            return "final" not in r and int(r.get("step", 0)) <= step
+
+        for name, ok in ((SAMPLES, keep_sample), (METRICS, keep_metric)):
+            target = self.path / name
+            if not target.is_file():
+                continue
+            rows = []
+            for line in _read_text(target).splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a torn line of the killed run
+                if isinstance(row, dict) and ok(row):
+                    rows.append(json.dumps(row))
+            atomic_write_lines(target, rows)
+        self.continuing = True
 
     def trained(self) -> bool:
         """Whether the new run has trained at least one step (its consumption ledger has a row)."""

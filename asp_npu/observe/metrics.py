@@ -14,7 +14,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from asp_npu.io import close_synced
 
@@ -127,6 +127,7 @@ class MetricsLogger:
         max_lag: int | None = None,
         stream: TextIO | None = None,
         prefix: str = "",
+        append: bool = False,
     ) -> None:
         unknown = sorted(set(loggers) - {"console", "jsonl", "tensorboard"})
         if unknown:
@@ -143,7 +144,9 @@ class MetricsLogger:
             folder = Path(run_dir)
             folder.mkdir(parents=True, exist_ok=True)
             if "jsonl" in loggers:
-                self._jsonl = open(folder / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+                path = folder / "metrics.jsonl"  # append: a resumed run continues its metrics
+                mode: Literal["a", "w"] = "a" if append else "w"
+                self._jsonl = open(path, mode, encoding="utf-8")  # noqa: SIM115
             if "tensorboard" in loggers:
                 self._tb = _TensorBoard(folder / "tensorboard")
 

@@ -54,10 +54,12 @@ class Recorder:
         self.lent_since: float | None = None
         loggers = cfg.trainer.logger if console else [x for x in cfg.trainer.logger if x != "console"]
         self.run_log: list[dict[str, Any]] = []
-        self._samples: IO[str] | None = open(run / rd.SAMPLES, "w", encoding="utf-8")  # noqa: SIM115
-        self._log: IO[str] | None = open(run / RUN_LOG, "w", encoding="utf-8")  # noqa: SIM115
+        mode = "a" if run.continuing else "w"  # a resumed run continues its own streamed files
+        self._samples: IO[str] | None = open(run / rd.SAMPLES, mode, encoding="utf-8")  # noqa: SIM115
+        self._log: IO[str] | None = open(run / RUN_LOG, mode, encoding="utf-8")  # noqa: SIM115
         self.metrics = M.MetricsLogger(run.path, loggers, total_steps=shape.total_steps,
-                                       max_lag=shape.max_lag, prefix=f"[{label}] " if label else "")
+                                       max_lag=shape.max_lag, prefix=f"[{label}] " if label else "",
+                                       append=run.continuing)
 
     def start(self, t: float, version: int) -> None:
         self.t_start = self.last_step_end = t

@@ -98,8 +98,13 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
 
     check_model_dir(cfg.model.path)  # a torn config.json costs one line, before the run directory
     # resuming into the same run directory must not clear the checkpoint it resumes from
+    # a run resuming into its own directory continues its samples, metrics and run log
+    load = cfg.actor_config.load
+    continuing = bool(load) and (Path(cfg.trainer.run_dir) / rd.SAMPLES).is_file()
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
-                           keep_checkpoints=bool(cfg.actor_config.load), overwrite=overwrite)
+                           keep_checkpoints=bool(load), overwrite=overwrite, continue_streams=continuing)
+    if continuing:
+        run.continue_from(checkpoint_step(load))
     try:
         summary = run_controller(cfg, run, prompts, kind, console, label)
     except BaseException:
@@ -127,7 +132,15 @@ def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, c
         if summary is not None:
             break
         cfg = _restart_config(cfg, run)
+        run.continue_from(checkpoint_step(cfg.actor_config.load))  # the rows after it are trained again
     return summary
+
+
+def checkpoint_step(load: str) -> int:
+    """The trainer step of the checkpoint `actor_config.load` names (0: none, a start from scratch)."""
+    from asp_npu.trainer.checkpoint import read_meta
+
+    return int(read_meta(load)["step"]) if load else 0
 
 
 def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool, label: str,
@@ -137,8 +150,8 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
     from asp_npu.pipeline.controller import Controller
 
     ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
-    for row in restarts:
-        ctl.recorder.event(**row)
+    if restarts:  # the earlier restarts are in the run log this attempt continues
+        ctl.recorder.event(**restarts[-1])
     t0 = time.time()
     handlers = resume.install_signals(ctl)  # a signal during start-up stops at the first step boundary
     try:

@@ -116,9 +116,22 @@ def test_sigterm_checkpoints_and_the_resumed_run_consumes_what_the_uninterrupted
     assert restored["prompts"] > 0 and restored["max_abs_diff"] == 0.0
     resumed = next(r for r in log if r["event"] == "resumed")
     assert resumed["step"] == state.step and resumed["queued"] + resumed["pending"] > 0
+    _assert_streams_whole(run, planned)
     print(f"\nresume: SIGTERM -> exit {rc} after {stop_s:.1f}s at step {state.step} "
           f"({len(before)} groups consumed, {len(state.queued)} queued, {len(state.pending)} pending); "
           f"resumed run {resumed_s:.1f}s; consumed ids = the planned set: {sorted(got) == sorted(planned)}")
+
+
+def _assert_streams_whole(run, planned) -> None:
+    """samples.jsonl and metrics.jsonl hold the whole run across the stop: every planned group's samples
+    once, every trainer step's metrics row once (the resumed run continued the files, nothing lost)."""
+    rows = [json.loads(ln) for ln in (run / rd.SAMPLES).read_text().splitlines()]
+    keys = [(r["prompt_id"], r["epoch"], r["sample_idx"]) for r in rows]
+    assert len(keys) == len(set(keys)) == len(planned) * 4
+    assert len({(r["prompt_id"], r["epoch"]) for r in rows}) == len(planned)
+    steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()
+             if "final" not in json.loads(ln)]
+    assert steps == list(range(1, ITERS * STEPS_PER_WINDOW + 1))
 
 
 def _trainer_pids(root_pid: int) -> list[int]:
@@ -155,6 +168,7 @@ def test_a_killed_trainer_rank_stops_the_run_and_it_restarts_from_the_checkpoint
     got, planned = summary["consumed_group_ids"], _planned_ids(model)
     assert summary["steps"] == ITERS * STEPS_PER_WINDOW
     assert len(got) == len(set(got)) == len(planned) and sorted(got) == sorted(planned)
+    _assert_streams_whole(run, planned)
     print(f"\ntrainer kill: stopped cleanly {restart['t_failed'] - t_kill:.1f}s after the kill "
           f"({restart['who']}: {restart['cause']}), resumed from step {resumed['step']}, "
           f"run completed {total_s:.1f}s after the kill; every planned group consumed once: True")
