@@ -346,6 +346,7 @@ class VLLMEngine:
             raise UserError("weight transfer: this engine was built with weight_transfer='' (none)")
         if self._update is not None:  # a re-formed group voids the update a broken one left open
             await self.abort_weight_update()
+        await self.llm.collective_rpc("void_weight_update")  # and the workers' session of it
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
 
     async def start_weight_update(self, drain: bool = True) -> float:
