@@ -83,7 +83,9 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path,
         assert not any(e["event"] == "instance_lost" and e["instance"] != 0 for e in log), log
     else:
         assert path == {"path": "object-store"}
+    up = next(r for r in log if r["event"] == "instance_restarted")
     print(f"\nchaos: detected {lost['t'] - killed['t_kill']:.2f}s after the kill, "
-          f"{lost['groups_redispatched']} group(s) re-dispatched, back after {back['recovery_s']:.1f}s, "
+          f"{lost['groups_redispatched']} group(s) re-dispatched, engine up after {up['restart_s']:.1f}s, "
+          f"back (current weights in) after {back['recovery_s']:.1f}s, "
           f"run {summary['wall_s']:.1f}s, weights {transfer}, "
-          f"{len(summary['weight_transfer'].get('regroups', []))} weight-group re-form(s)")
+          f"weight-group re-forms {summary['weight_transfer'].get('regroups', [])}")
