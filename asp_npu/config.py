@@ -99,10 +99,9 @@ class GenerateConfig:
     infer_expert_parallel_size: int = 1  # MoE on NPU: an instance shards experts over this many NPUs
     #                                      (vLLM enable_expert_parallel: TP x DP ranks; 1 = experts TP-split)
     weight_nz_mode: int = 0  # vllm-ascend FRACTAL_NZ weight layout; RL needs 0 (NZ breaks weight reloads)
-    # weight_refresh path: auto = vLLM's weight-transfer engine (gloo on CPU, nccl/HCCL on NPU) |
-    # object-store (safetensors bytes, no process group). object-store stays the default until a replaced
-    # rollout instance can re-form the transfer group (pipeline/recovery.py loads it through the object store)
-    weight_transfer: str = "object-store"
+    # weight_refresh path: auto = vLLM's weight-transfer engine (gloo on CPU, nccl/HCCL on NPU; a replaced
+    # rollout instance re-forms the group) | object-store (safetensors bytes, no process group: the fallback)
+    weight_transfer: str = "auto"
     admission: str = "continuous"  # pipeline: a unit starts when its samples fit in free slots | "unit"
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 

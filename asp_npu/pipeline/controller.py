@@ -209,7 +209,7 @@ class Controller:
 
     # ------------------------------------------------------------------ the loops
     def run(self) -> dict[str, Any]:
-        self.recorder.start(time.time(), self.step)
+        self.recorder.start(time.time(), self.step, self.weights)
         (self._run_sync if self.mode.colocated else self._run_async)()
         t_end = time.time()
         self.supervisor.settle()

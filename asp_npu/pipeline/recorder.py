@@ -39,7 +39,8 @@ def token_lag_metrics(hist: dict[int, int]) -> dict[str, Any]:
 
 class Recorder:
     def __init__(self, cfg: Config, run: rd.RunDir, shape: RunShape, label: str, console: bool) -> None:
-        self.cfg, self.run_dir, self.shape, self.label = cfg, run, shape, label
+        self.cfg, self.run_dir, self.shape, self.label, self.console = cfg, run, shape, label, console
+        self.weights: Any = None  # the run's WeightSync: which path the weights travel (start line, summary)
         self.instances = [InstanceRecord() for _ in range(shape.instances)]
         self.trainer = TrainerRecord()
         self.samples_rows: list[dict[str, Any]] = []
@@ -61,9 +62,17 @@ class Recorder:
                                        max_lag=shape.max_lag, prefix=f"[{label}] " if label else "",
                                        append=run.continuing)
 
-    def start(self, t: float, version: int) -> None:
+    def start(self, t: float, version: int, weights: Any = None) -> None:
+        """The clock starts; `weights` (the run's WeightSync) says which path the weights travel."""
         self.t_start = self.last_step_end = t
         self.versions.append((t, version))
+        self.weights = weights
+        if self.console and self.weights is not None:
+            w = self.weights.describe()
+            how = (f"vLLM's weight-transfer engine ({w['backend']})" if "backend" in w
+                   else "Ray's object store")
+            print(f"asp-npu: {self.label + ': ' if self.label else ''}weight_refresh through {how} "
+                  f"(generate_config.weight_transfer={self.cfg.generate_config.weight_transfer})", flush=True)
 
     def refreshed(self, r: Refreshed) -> None:
         self.instances[r.instance].paused.append((r.t_end - r.load_s, r.t_end))
@@ -204,7 +213,8 @@ class Recorder:
                    "rollouter_idle_ratio": rep.rollouter_idle_ratio, "bubble_coverage": rep.coverage,
                    "weight_refresh_s_mean": float(np.mean([r["total_s"] for r in self.refreshes]))
                    if self.refreshes else 0.0,
-                   "queue": series["summary"], **planned}
+                   "queue": series["summary"], **planned,
+                   "weight_transfer": self.weights.describe() if self.weights is not None else None}
         self.run_dir.write_summary(summary)
         return summary
 

@@ -5,7 +5,8 @@ queue actor), dead instances (a ping to a gone actor, or one unanswered; `Fleet.
 (work held, nothing delivered for `rl_config.instance_timeout_s`; `core.recovery.Watchdog`). A lost
 instance's undelivered groups are cancelled in the TrainQueue and re-dispatched to the live instances
 (`DispatchPolicy.lost` / `redispatch`: each exactly once); a fresh actor replaces it on the same
-devices, gets every prompt and the current weights, then takes work again. A failed request is
+devices, gets every prompt and the current weights (on the transfer-engine path through a re-formed
+weight group, `weights.TransferEngineWeights`), then takes work again. A failed request is
 generated again up to `rl_config.max_request_retries` times (`core.recovery.Retries`), then the run
 stops with one line naming the prompt. Every failure and recovery goes to `run_log.jsonl` at once and
 into the summary (`failures`).
@@ -74,7 +75,7 @@ class Supervisor:
         c, now = self.ctrl, time.time()
         if i in c.policy.down:
             return
-        c.weights.lost(i)  # a load in flight on the lost actor is void (raises where it cannot be replaced)
+        c.weights.lost(i)  # a load in flight on the lost actor is void; it leaves the weight group
         missing = c.policy.lost(i)
         again = c.fleet.cancel(missing)
         c.policy.redispatch(again)
@@ -86,9 +87,11 @@ class Supervisor:
               "restarting it", flush=True)
 
     def _loaded(self, i: int) -> None:
-        """Instance i's replacement is up: load the newest weights (it rejoins when they are in)."""
+        """Instance i's replacement is up: load the newest weights (it rejoins when they are in; on the
+        transfer-engine path the weight group is re-formed with it first)."""
         w = self.ctrl.weights
         self.ctrl.recorder.event("instance_restarted", instance=i, restart_s=time.time() - self.rejoining[i])
+        w.replaced(i)
         if not w.has_published():  # it holds the initial weights
             self._rejoin(i)
             return

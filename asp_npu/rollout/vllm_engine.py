@@ -429,6 +429,9 @@ class VLLMEngine:
 
         if not self.weight_transfer:
             raise UserError("weight transfer: this engine was built with weight_transfer='' (none)")
+        if self._update is not None:  # a re-formed group voids the update a broken one left open
+            await self.abort_weight_update()
+        await self.llm.collective_rpc("void_weight_update")  # and the workers' session of it
         await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
 
     async def start_weight_update(self, drain: bool = True) -> float:
@@ -464,6 +467,8 @@ class VLLMEngine:
         if not update["drain"]:
             while not all(await self.llm.collective_rpc("weight_transfer_received")):
                 await asyncio.sleep(0.005)
+            if self._update is not update:
+                raise UserError("weight_refresh: the update was voided (the weight group was re-formed)")
             update["t_frozen"] = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             update["paused"] = True

@@ -65,6 +65,17 @@ class WeightReceiver:
         received = getattr(getattr(self, "weight_transfer_engine", None), "received", None)
         return True if received is None else bool(received())
 
+    def void_weight_update(self) -> bool:
+        """End the weight-update session a broken group left open (vLLM's worker refuses a new
+        `start_weight_update` while one is active and has no abort); True if one was open."""
+        if not getattr(self, "_weight_update_active", False):
+            return False
+        self._weight_update_active = False
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is not None:
+            engine.reset_weight_update_target()
+        return True
+
     def cpu_affinity(self) -> list[int]:
         """Cores this worker's threads may run on (union over threads): checks per-instance pinning."""
         import os

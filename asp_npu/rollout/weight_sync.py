@@ -59,6 +59,7 @@ class WeightLink:
     drain: bool = True
     bucket_bytes: int = 256 << 20
     timeout_s: float = 300.0
+    ids: tuple[int, ...] = ()  # the instances' numbers in the run (a re-formed group may skip some)
 
     @property
     def world_size(self) -> int:
@@ -104,7 +105,7 @@ class InstancesClient:
         lo = self.link.rank_offsets()[i]
         hi = lo + self.link.workers[i] - 1
         ranks = f"rank {lo}" if lo == hi else f"ranks {lo}-{hi}"
-        return f"rollout instance {i} (weight-group {ranks})"
+        return f"rollout instance {_instance_id(self.link, i)} (weight-group {ranks})"
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         base = int(init_info.get("rank_offset", 1))
@@ -132,6 +133,10 @@ class InstancesClient:
         self.reports = self._gather(
             "finish_weight_update", [i.finish_weight_update.remote(version) for i in self.link.instances]
         )
+
+
+def _instance_id(link: WeightLink, i: int) -> int:
+    return link.ids[i] if link.ids else i
 
 
 def _snapshot_source() -> Any:
@@ -207,8 +212,9 @@ def push_from_trainer(
 
     weight_transfer.register()
     t0 = time.perf_counter()
-    if link.key not in _SENDERS:
-        for key in list(_SENDERS):  # a reconnect replaces the old group
+    formed = link.key not in _SENDERS
+    if formed:
+        for key in list(_SENDERS):  # a new key re-forms the group: the old one is torn down first
             close_sender(key)
         client, source = InstancesClient(link), _snapshot_source()
         engine = WeightTransferTrainerFactory.trainer_init(
@@ -223,8 +229,13 @@ def push_from_trainer(
     source.load(weights, version)
     client.version = int(version)
     t1 = time.perf_counter()
-    engine.send_weights()
-    return {"connect_s": connect_s, "send_s": time.perf_counter() - t1, "instances": client.reports}
+    try:
+        engine.send_weights()
+    except BaseException:
+        close_sender(link.key)  # a broken group is not reused: the driver re-forms it
+        raise
+    return {"connect_s": connect_s if formed else 0.0, "formed": formed, "send_s": time.perf_counter() - t1,
+            "instances": client.reports}
 
 
 def close_sender(key: str) -> None:
@@ -286,6 +297,18 @@ class WeightSync:
         self._push(send=False)
         return time.perf_counter() - t0
 
+    def regroup(self, instances: Sequence[Any], ids: Sequence[int], workers: Sequence[int]) -> WeightLink:
+        """A new group over `instances` (numbered `ids` in the run, `workers` ranks each): a new key, so
+        trainer rank 0 tears the old group down and hosts the new one (a fresh port) on its next push,
+        and every member's worker leaves the old group for it. Used when an instance is lost (the
+        survivors go on without it) and when its replacement is up (it joins). Nothing blocks here."""
+        if self.backend == OBJECT_STORE:
+            raise WeightSyncError("weight_refresh: the object-store path has no group to re-form")
+        self.instances = list(instances)
+        self.link = WeightLink(uuid.uuid4().hex, self.backend, self.host, tuple(instances), tuple(workers),
+                               self.drain, self.bucket_bytes, self.timeout_s, tuple(ids))
+        return self.link
+
     def publish(self, version: int | None = None) -> dict[str, Any]:
         """Ship the trainer's current weights to every instance; returns per-instance RefreshReports."""
         t0 = time.perf_counter()
@@ -334,11 +357,12 @@ class WeightSync:
         if not _answers(getattr(self.trainer, "ping", None)):
             gone.append("the trainer (weight-group rank 0)")
         offsets = self.link.rank_offsets() if self.link else [0] * len(self.instances)
+        ids = list(self.link.ids) if self.link and self.link.ids else list(range(len(self.instances)))
         for i, inst in enumerate(self.instances):
             try:
                 ray.get(inst.ping.remote(), timeout=10)
             except Exception:
-                gone.append(f"rollout instance {i} (weight-group rank {offsets[i]})")
+                gone.append(f"rollout instance {ids[i]} (weight-group rank {offsets[i]})")
         msg = _first_line(exc)
         if gone:
             return f"weight_refresh {what} failed: {', '.join(gone)} is gone ({msg})"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -89,6 +89,10 @@ class GlooWeightTransferEngine(
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
 
+        if self._rx is not None and self._rx.is_alive():
+            # a refresh of the old group never completed (a peer died): its receiver stays blocked
+            # until the old group's timeout, so it keeps the old transport; this engine moves on
+            self.transport, self._rx, self._rx_result = None, None, {}
         self.shutdown()  # a reconnect replaces the old group
         pc = self.parallel_config
         rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
@@ -216,14 +220,24 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             init_info.master_address, port, 1, init_info.world_size, init_info.timeout_s
         )
         spec = GroupSpec(init_info.master_address, port, init_info.world_size, GLOO, init_info.timeout_s)
-        exe = ThreadPoolExecutor(max_workers=1)
+        exe = ThreadPoolExecutor(max_workers=2)
         try:
-            # the workers block in the rendezvous until rank 0 arrives: join from both sides at once
-            future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.transport = CollectiveTransport(
-                spec, 0, bucket_bytes=init_info.bucket_bytes, listen_socket=sock
+            # the workers block in the rendezvous until rank 0 arrives: join from both sides at once;
+            # a member that is gone fails its side at once, so rank 0 does not sit out the rendezvous
+            joined = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
+            hosted = exe.submit(
+                CollectiveTransport, spec, 0, bucket_bytes=init_info.bucket_bytes, listen_socket=sock
             )
-            future.result(timeout=init_info.timeout_s)
+            wait([joined, hosted], timeout=init_info.timeout_s, return_when=FIRST_EXCEPTION)
+            for side in (joined, hosted):
+                if side.done() and side.exception() is not None:
+                    raise side.exception()  # type: ignore[misc]
+            if not (joined.done() and hosted.done()):
+                raise TimeoutError(
+                    f"weight group: the rendezvous of {init_info.world_size} ranks did not complete "
+                    f"within {init_info.timeout_s:.0f} s"
+                )
+            engine.transport = hosted.result()
         finally:
             exe.shutdown(wait=False)
         return engine

@@ -189,15 +189,16 @@ def test_bench_aggregate_and_table():
     assert "| asp | 315 | 2.03x |" in text and "| mindspeed-sync | 155 | 1.00x |" in text
 
 
-def test_weight_transfer_defaults_to_the_object_store_and_refuses_unknown_paths():
+def test_weight_transfer_defaults_to_the_transfer_engine_and_refuses_unknown_paths():
     from asp_npu.config import Config, validate
     from asp_npu.pipeline.weights import ObjectStoreWeights, make_weights
 
     cfg = Config()
-    assert cfg.generate_config.weight_transfer == "object-store"  # until recovery re-forms the group
+    assert cfg.generate_config.weight_transfer == "auto"  # vLLM's weight-transfer engine
     assert not [p for p in validate(cfg) if "weight_transfer" in p]
-    cfg.generate_config.weight_transfer = "auto"
+    cfg.generate_config.weight_transfer = "object-store"  # the fallback without a process group
     assert not [p for p in validate(cfg) if "weight_transfer" in p]
     cfg.generate_config.weight_transfer = "nccl"
     assert [p for p in validate(cfg) if p.startswith("generate_config.weight_transfer: 'nccl'")]
-    assert isinstance(make_weights("object-store", None, [], "float32", True), ObjectStoreWeights)
+    w = make_weights("object-store", None, [], "float32", True)
+    assert isinstance(w, ObjectStoreWeights) and w.describe() == {"path": "object-store"}

@@ -24,7 +24,7 @@ OVERRIDES = [
     "rl_config.global_batch_size=6", "rl_config.max_lag=1", "generate_config.max_num_seqs=8",
     "generate_config.sampling_config.max_tokens=24", "actor_config.micro_batch_size=8",
     "trainer.device=cpu", "trainer.stall_timeout_s=120", "model.warm_start_steps=0",
-    # the weight_refresh path under test: auto (vLLM's weight-transfer engine) | object-store (the default)
+    # the weight_refresh path under test: auto (vLLM's weight-transfer engine, the default) | object-store
     f"generate_config.weight_transfer={os.environ.get('ASP_E2E_WEIGHT_TRANSFER', 'auto')}",
 ]
 

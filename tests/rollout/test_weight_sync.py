@@ -163,6 +163,72 @@ def test_refresh_through_the_transfer_engine_matches_the_refreshed_hf_model(
         ray.kill(trainer_actor)
 
 
+class _Rank0:
+    """`StateDictTrainer` reached the way the pipeline reaches a trainer rank (`call(method, ...)`)."""
+
+    def __init__(self) -> None:
+        from asp_npu.rollout.weight_sync import StateDictTrainer
+
+        self.body = StateDictTrainer()
+
+    def call(self, method: str, *args):
+        return getattr(self.body, method)(*args)
+
+
+class _Group:
+    def __init__(self, actor) -> None:
+        self.actors = [actor]
+
+    def push_weights_to_rollout(self, link, send: bool = True):
+        import ray
+
+        return ray.get(self.actors[0].call.remote("push_weights_to_rollout", link, send), timeout=300)
+
+
+@pytest.mark.slow
+def test_a_member_killed_before_a_push_is_one_line_and_the_survivor_refreshes_over_a_new_group(
+    ray_cluster, tiny_model_dir
+):
+    """Instance 0 dies unnoticed; the next push starts the update on instance 1, then breaks on 0:
+    recovery gets instance 0 in one line (`ActorLost`), the group is re-formed over instance 1 alone
+    (its worker leaves the update the broken push left open) and it generates with the new weights."""
+    from asp_npu.pipeline.weights import TransferEngineWeights
+    from asp_npu.remote import ActorLost
+    from asp_npu.rollout.instance import launch_instances
+
+    ray = ray_cluster
+    settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
+    insts = launch_instances(2, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
+    rank0 = ray.remote(_Rank0).options(num_cpus=0).remote()
+    model, state = perturbed(tiny_model_dir, seed=9)
+    ray.get(rank0.call.remote("set_weights", state, 1))
+    try:
+        w = TransferEngineWeights(_Group(rank0), insts, drain=True, timeout_s=60)
+        ray.kill(insts[0])
+        w.publish(w.gather(), 1)
+        w.refresh()
+        t0 = time.monotonic()
+        with pytest.raises(ActorLost) as lost:
+            while time.monotonic() - t0 < 120:
+                w.poll()
+                time.sleep(0.05)
+        assert lost.value.who == "rollout instance 0" and "\n" not in str(lost.value)
+        w.lost(0)
+        done = []
+        while w.pending() and time.monotonic() - t0 < 240:
+            done += w.poll()
+            time.sleep(0.05)
+        assert [(r.instance, r.version) for r in done] == [(1, 1)] and w.held == [0, 1]
+        items = make_prompts("count", 1, seed=14)
+        greedy = SamplingSettings(temperature=0.0, max_tokens=12, ignore_eos=True)
+        for t in run(ray, insts[1], items, greedy, 0):
+            assert t.policy_version == 1
+            assert t.response_token_ids == hf_greedy(model, t.prompt_token_ids, 12)
+    finally:
+        for a in (*insts, rank0):
+            ray.kill(a)
+
+
 @pytest.fixture(scope="module")
 def keep_setup(ray_cluster, tiny_model_dir):
     """One instance with prefix caching off (in-flight refresh) and a connected sender."""
@@ -299,3 +365,4 @@ def test_the_megatron_trainer_pushes_from_rank_0(ray_cluster, tiny_model_dir):
         group.shutdown()
         ray.get(inst.shutdown.remote())
         ray.kill(inst)
+

@@ -1,0 +1,160 @@
+"""Instance recovery on the transfer-engine path: the driver's side of re-forming the weight group.
+
+Ray actors stand in for trainer rank 0 (it answers a push the way `push_from_trainer` does, and fails it
+naming the instance when a member of the link is dead) and for the rollout instances; the real
+transfer over real engines is covered in tests/rollout/test_weight_sync.py and by the chaos test.
+Checked here: a lost instance leaves the group and the survivors keep refreshing over a new one (new
+key, only live members), its replacement re-enters it and receives the published version, a push that
+breaks on a dead member hands that member to recovery and is repeated over the survivors at once, and a
+dead trainer is one line.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from asp_npu.pipeline.weights import TransferEngineWeights
+from asp_npu.remote import ActorLost
+from asp_npu.rollout.weight_sync import WeightSyncError
+
+pytestmark = pytest.mark.slow
+
+
+class Rank0:
+    """Trainer rank 0 as the driver sees it: `call("push_weights_to_rollout", link, send)`."""
+
+    def __init__(self) -> None:
+        self.links: list[tuple[str, tuple[int, ...]]] = []
+
+    def call(self, method: str, link, send: bool = True) -> dict:
+        import ray
+
+        from asp_npu.rollout.weight_sync import WeightSyncError
+
+        assert method == "push_weights_to_rollout"
+        formed = not self.links or self.links[-1][0] != link.key
+        if formed:
+            self.links.append((link.key, link.ids))
+        for k, inst in enumerate(link.instances):
+            try:
+                ray.get(inst.ping.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                raise WeightSyncError(f"weight_refresh: rollout instance {link.ids[k] if link.ids else k} "
+                                      "(weight-group rank 1) died during start_weight_update") from None
+        reports = [{"instance": i, "version": 0, "total_s": 0.01, "drain_s": 0.0} for i in link.ids or
+                   range(len(link.instances))]
+        return {"connect_s": 0.001 if formed else 0.0, "formed": formed, "send_s": 0.0,
+                "instances": reports if send else []}
+
+    def seen(self) -> list[tuple[str, tuple[int, ...]]]:
+        return list(self.links)
+
+
+class Instance:
+    def ping(self) -> int:
+        return 0
+
+    def transfer_world_size(self) -> int:
+        return 1
+
+
+class Trainer:
+    """`TrainerGroup`'s face: `actors` and `push_weights_to_rollout`."""
+
+    def __init__(self, actor) -> None:
+        self.actors = [actor]
+
+    def push_weights_to_rollout(self, link, send: bool = True) -> dict:
+        import ray
+
+        return ray.get(self.actors[0].call.remote("push_weights_to_rollout", link, send), timeout=60)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    yield ray
+    ray.shutdown()
+
+
+def _settle(w: TransferEngineWeights, timeout: float = 60.0) -> list:
+    """Poll until no push is in flight; every Refreshed seen."""
+    out, deadline = [], time.monotonic() + timeout
+    while w.pending():
+        assert time.monotonic() < deadline, "push never finished"
+        out += w.poll()
+        time.sleep(0.01)
+    return out + w.poll()
+
+
+def test_a_lost_instance_leaves_the_group_and_its_replacement_rejoins(ray_local):
+    ray = ray_local
+    rank0 = ray.remote(Rank0).remote()
+    instances = [ray.remote(Instance).remote() for _ in range(3)]
+    w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
+    (first,) = ray.get(rank0.seen.remote())
+    assert first[1] == ()  # the group formed at start: every instance, numbered by position
+
+    w.publish(w.gather(), 1)
+    w.refresh()
+    assert {r.instance for r in _settle(w)} == {0, 1, 2} and w.held == [1, 1, 1]
+
+    ray.kill(instances[1], no_restart=True)
+    w.lost(1)
+    w.publish(w.gather(), 2)
+    w.refresh()
+    assert {r.instance for r in _settle(w)} == {0, 2} and w.held == [2, 1, 2]
+    key, ids = ray.get(rank0.seen.remote())[-1]
+    assert ids == (0, 2) and key != first[0]  # a new group over the survivors
+
+    instances[1] = ray.remote(Instance).remote()  # the fleet replaces the actor in place
+    w.replaced(1)
+    w.refresh()
+    assert [(r.instance, r.version) for r in _settle(w)] == [(0, 2), (1, 2), (2, 2)] and w.held == [2, 2, 2]
+    assert ray.get(rank0.seen.remote())[-1][1] == (0, 1, 2)
+    assert [g["members"] for g in w.describe()["regroups"]] == [[0, 2], [0, 1, 2]]
+
+    w.publish(w.gather(), 3)
+    w.refresh()
+    _settle(w)
+    assert len(ray.get(rank0.seen.remote())) == 3  # membership unchanged: the group is reused
+
+
+def test_a_push_broken_by_a_dead_member_goes_to_recovery_and_is_repeated(ray_local):
+    ray = ray_local
+    rank0 = ray.remote(Rank0).remote()
+    instances = [ray.remote(Instance).remote() for _ in range(2)]
+    w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
+    ray.kill(instances[0], no_restart=True)  # dies before the fleet's health check noticed
+    w.publish(w.gather(), 1)
+    w.refresh()
+    deadline = time.monotonic() + 60
+    with pytest.raises(ActorLost) as lost:
+        while time.monotonic() < deadline:
+            w.poll()
+            time.sleep(0.01)
+    assert lost.value.who == "rollout instance 0" and "\n" not in str(lost.value)
+    w.lost(0)  # what recovery does with it: the survivor gets the weights over a new group at once
+    assert w.pending()
+    assert [(r.instance, r.version) for r in _settle(w)] == [(1, 1)] and w.held == [0, 1]
+    assert ray.get(rank0.seen.remote())[-1][1] == (1,)
+
+
+def test_a_dead_trainer_is_one_line(ray_local):
+    ray = ray_local
+    rank0 = ray.remote(Rank0).remote()
+    instances = [ray.remote(Instance).remote()]
+    w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
+    ray.kill(rank0, no_restart=True)
+    w.publish(w.gather(), 1)
+    w.refresh()
+    deadline = time.monotonic() + 60
+    with pytest.raises(WeightSyncError) as err:
+        while time.monotonic() < deadline:
+            w.poll()
+            time.sleep(0.01)
+    assert "\n" not in str(err.value) and "the trainer (weight-group rank 0) is gone" in str(err.value)
