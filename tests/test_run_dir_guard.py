@@ -279,13 +279,14 @@ def test_create_that_cannot_set_aside_changes_nothing(tmp_path, monkeypatch):
     assert _tree_hash(tmp_path) == before
 
 
-def test_a_resumed_run_continues_its_streamed_files_up_to_the_checkpoint(tmp_path: Path) -> None:
+def test_a_resumed_run_continues_its_streamed_files_up_to_the_checkpoint(tmp_path) -> None:
     """Resuming its own checkpoint of step 2, a run keeps the samples of steps 0-1, the metrics of steps
     <= 2 and the whole run log (a killed run's torn last line dropped), and appends after them."""
     run_path = tmp_path / "run"
     run_path.mkdir()
     samples = [{"prompt_id": f"p{i}", "trainer_step": i} for i in range(4)]
-    (run_path / rd.SAMPLES).write_text("\n".join(json.dumps(r) for r in samples) + '\n{"prompt_id": "p4", "tr')
+    torn = '\n{"prompt_id": "p4", "tr'  # the killed run's last line
+    (run_path / rd.SAMPLES).write_text("\n".join(json.dumps(r) for r in samples) + torn)
     metrics = [{"step": s} for s in (1, 2, 3)] + [{"step": 3, "final": 1}]
     (run_path / rd.METRICS).write_text("".join(json.dumps(r) + "\n" for r in metrics))
     (run_path / rd.RUN_LOG).write_text('{"event": "stopped"}\n')
@@ -293,8 +294,10 @@ def test_a_resumed_run_continues_its_streamed_files_up_to_the_checkpoint(tmp_pat
     run = rd.RunDir.create(run_path, "x: 1\n", keep_checkpoints=True, continue_streams=True)
     run.continue_from(2)
     assert run.continuing
-    assert [json.loads(ln)["trainer_step"] for ln in (run_path / rd.SAMPLES).read_text().splitlines()] == [0, 1]
-    assert [json.loads(ln) for ln in (run_path / rd.METRICS).read_text().splitlines()] == [{"step": 1}, {"step": 2}]
+    kept = [json.loads(ln) for ln in (run_path / rd.SAMPLES).read_text().splitlines()]
+    assert [r["trainer_step"] for r in kept] == [0, 1]
+    metrics_kept = [json.loads(ln) for ln in (run_path / rd.METRICS).read_text().splitlines()]
+    assert metrics_kept == [{"step": 1}, {"step": 2}]
     assert (run_path / rd.RUN_LOG).read_text() == '{"event": "stopped"}\n'
     run.commit()
     assert not list(run_path.glob(f"{rd.PREVIOUS}.*")) or all(
