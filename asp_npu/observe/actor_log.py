@@ -1,0 +1,54 @@
+"""Per-actor log files: each rollout instance's and trainer rank's output in `<run_dir>/logs/<actor>.log`.
+
+vLLM, Ray, torch and megatron-core write to the actor process's stdout/stderr (Python logging
+handlers, warnings, C++ code alike). A run starts Ray with `redirect` as the job's worker-process
+setup hook (Ray's `worker_process_setup_hook`) and `log_to_driver=False`; an actor whose runtime_env
+names a file in `LOG_ENV` gets its process's file descriptors 1 and 2 pointed at that file before its
+class is built, so everything it and its children (vLLM's engine-core process) print lands there,
+appended across restarts. The driver's console keeps the progress line, failures and recoveries.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+LOG_ENV = "ASP_ACTOR_LOG"
+LOGS = "logs"
+SETUP_HOOK = "asp_npu.observe.actor_log.redirect"
+
+
+def log_path(run_dir: str | Path, actor: str) -> Path:
+    """`<run_dir>/logs/<actor>.log` (absolute: actors run in other working directories)."""
+    return Path(run_dir).resolve() / LOGS / f"{actor}.log"
+
+
+def with_log(options: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Ray actor `options` whose runtime_env sends the actor's output to `path`."""
+    env = dict(options.get("runtime_env") or {})
+    env["env_vars"] = {**env.get("env_vars", {}), LOG_ENV: str(path)}
+    return {**options, "runtime_env": env}
+
+
+def redirect() -> None:
+    """Worker-process setup hook: stdout and stderr (the descriptors, so C++ output and child
+    processes follow) to the file in `LOG_ENV`; a worker without it keeps Ray's own log files."""
+    target = os.environ.get(LOG_ENV)
+    if not target:
+        return
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
