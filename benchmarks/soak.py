@@ -2,8 +2,9 @@
 
 One training run (real vLLM instances, megatron-core trainer, Ray; `configs/cpu_tiny.yaml` with small
 windows, the asp mode) while a killer thread `ray.kill`s a random live rollout instance actor every
-`--kill-every` seconds (+-25 % jitter) for `--minutes`. The run itself is `--iters` planning windows:
-size it so the run outlasts the kill phase. Afterwards, from what the run recorded:
+`--kill-every` seconds (+-25 % jitter, once the fleet is whole again). After `--minutes` the run plans
+no further window (its shape is cut to the windows planned so far), trains what is planned and ends.
+Afterwards, from what the run recorded:
 
 - kills survived: kills made, instances lost and recovered (`run_log.jsonl`), whether the run finished;
 - prompts lost / duplicated: every planned (prompt, sample) of `plans/` against `samples.jsonl`;
@@ -11,7 +12,7 @@ size it so the run outlasts the kill phase. Afterwards, from what the run record
   t_finished): median, the lowest window (the dip) and windows with a kill against windows without;
 - recovery times: kill -> detected and detected -> rejoined, per kill.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/soak.py --minutes 20 --iters 900 --kill-every 60 \
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/soak.py --minutes 20 --kill-every 60 \
         --out /tmp/soak [--json soak.json]
 
 A timing script, not a test: figures depend on the machine's load (print `uptime` alongside).
@@ -20,6 +21,7 @@ A timing script, not a test: figures depend on the machine's load (print `uptime
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -50,6 +52,7 @@ def killer(ctl: Any, every: float, minutes: float, seed: int, done: threading.Ev
 
     rng = random.Random(seed)
     stop_at = time.time() + 60 * minutes
+    threading.Thread(target=stopper, args=(ctl, stop_at, done), daemon=True).start()
     while not done.is_set() and time.time() < stop_at:
         if done.wait(every * rng.uniform(0.75, 1.25)):
             return
@@ -60,6 +63,13 @@ def killer(ctl: Any, every: float, minutes: float, seed: int, done: threading.Ev
         i = rng.randrange(len(ctl.fleet.instances))
         kills.append({"t": time.time(), "instance": i, "step": ctl.step})
         ray.kill(ctl.fleet.instances[i], no_restart=True)
+
+
+def stopper(ctl: Any, stop_at: float, done: threading.Event) -> None:
+    """At `stop_at`, cut the run to the windows planned so far (+1: one may be in planning right now)."""
+    if done.wait(max(0.0, stop_at - time.time())):
+        return
+    ctl.shape = dataclasses.replace(ctl.shape, iterations=ctl.next_window + 1)
 
 
 def planned(run: Path) -> list[tuple[str, int]]:
@@ -176,8 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=20.0, help="how long the killer runs")
-    ap.add_argument("--iters", type=int, default=900, help="planning windows of the run (24 samples each)")
+    ap.add_argument("--minutes", type=float, default=20.0, help="how long the run plans windows and kills")
+    ap.add_argument("--iters", type=int, default=100000, help="at most this many windows (24 samples each)")
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills (+-25 %%)")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--bucket", type=float, default=60.0, help="throughput window, seconds")

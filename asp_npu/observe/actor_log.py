@@ -52,3 +52,28 @@ def redirect() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+
+
+class DriverRayLog:
+    """Ray's own driver-side messages (start-up notices, warnings about actors the fleet kills) go to
+    `<run_dir>/logs/ray-driver.log` while a run holds Ray; `restore` puts Ray's handlers back."""
+
+    def __init__(self, path: Path) -> None:
+        import logging
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.logger = logging.getLogger("ray")
+        self.saved = (list(self.logger.handlers), self.logger.propagate)
+        self.handler = logging.FileHandler(path)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        for h in self.saved[0]:
+            self.logger.removeHandler(h)
+        self.logger.addHandler(self.handler)
+        self.logger.propagate = False
+
+    def restore(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.handler.close()
+        for h in self.saved[0]:
+            self.logger.addHandler(h)
+        self.logger.propagate = self.saved[1]

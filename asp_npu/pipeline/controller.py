@@ -241,7 +241,7 @@ class Controller:
         future: Future | None = None
         mb: Minibatch | None = None
         waited_from = last_progress = time.time()
-        while self.step < total:
+        while self.step < (total := self.shape.total_steps):  # a shorter shape may end the run early
             self.dispatch()
             if future is None:
                 mb = self.fleet.take_batch(0.0)

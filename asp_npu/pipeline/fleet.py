@@ -16,7 +16,7 @@ from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
-from asp_npu.observe.actor_log import SETUP_HOOK, log_path, with_log
+from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_log
 from asp_npu.pipeline.placement import ClusterPlacement
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
@@ -42,6 +42,7 @@ class Fleet:
         self.instances: list[Any] = []
         self.queue: Any = None
         self._owns_ray = False
+        self._ray_log: DriverRayLog | None = None
         self._arrivals_ref: Any = None  # the pending `wait_arrivals` call
         self._wakes = 0
         self.failures_seen = 0  # failed requests already handed to the driver
@@ -97,8 +98,9 @@ class Fleet:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         tr = self.cfg.trainer
+        self._ray_log = DriverRayLog(log_path(tr.run_dir, "ray-driver"))
         if init_ray(sh.instances * sh.infer_tp + sh.trainer_world + 1, tr.nnodes <= 1, tr.ray_address,
-                    log_to_driver=False, logging_level="warning",  # actors write to logs/ (`actor_log`)
+                    log_to_driver=False, configure_logging=False,  # actors write to logs/ (`actor_log`)
                     runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
             self._owns_ray = True
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
@@ -330,6 +332,9 @@ class Fleet:
                 self.cluster.remove()  # a joined cluster outlives the run: give its devices back
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
+            if self._ray_log is not None:
+                self._ray_log.restore()
+                self._ray_log = None
 
 
 def _wire(unit: Unit) -> Any:
