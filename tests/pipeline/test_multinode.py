@@ -77,6 +77,77 @@ def test_pipeline_runs_on_two_ray_nodes_with_the_layouts_placement_groups(tmp_pa
         ctl.close()
     assert summary["steps"] == 6  # 2 iterations x 6 prompts x 4 samples in steps of 8
     assert_consumed_once_within_lag(run.path, summary)
-    # the run joined the cluster (it does not own it) and gave its placement groups back
-    assert ray.is_initialized()
-    assert {g["state"] for g in placement_group_table().values()} == {"REMOVED"}
+    # the run disconnected from the cluster, which lives on with every CPU free again
+    assert not ray.is_initialized()
+    ray.init(address=two_nodes.address)
+    assert len(ray.nodes()) == 2 and ray.available_resources().get("CPU") == 8
+
+
+@pytest.fixture
+def three_nodes():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"asp_node_0": 1}})
+    nodes = [cluster.add_node(num_cpus=4, resources={f"asp_node_{k}": 1}) for k in (1, 2)]
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, nodes
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_path, three_nodes):
+    """Instance 1 lives alone on node 1; that node is removed mid-run. The run loses instance 1 like any
+    dead instance, re-dispatches its groups, starts its replacement in a fresh placement group on a live
+    node, and completes with every planned sample consumed once."""
+    import threading
+    import time
+
+    from ray.util import placement_group_table
+
+    from asp_npu.data.datasets import config_prompts
+    from asp_npu.data.init_model import build_model_dir
+    from asp_npu.pipeline.controller import Controller
+
+    cluster, _ = three_nodes
+    model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
+    cfg = load_config("configs/cpu_tiny.yaml", [
+        f"model.path={model}", *OVERRIDES, "trainer.train_iters=6", "generate_config.num_instances=2",
+        "trainer.nnodes=3", "trainer.n_devices_per_node=1", f"trainer.ray_address={cluster.address}",
+        "generate_config.weight_transfer=object-store", "trainer.logger=[jsonl]",
+        f"trainer.run_dir={tmp_path / 'run'}"])
+    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
+    ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
+    removed: dict = {}
+
+    def remove_node_1() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if ctl.arrivals_seen >= 1 and 1 not in ctl.policy.down:
+                node = ctl.fleet.cluster.node_of(1)
+                victim = next(n for n in cluster.worker_nodes if n.node_id == node)
+                removed["t"] = time.time()
+                cluster.remove_node(victim)
+                return
+            time.sleep(0.05)
+
+    try:
+        ctl.start()
+        place = ctl.fleet.cluster
+        assert len(set(place.node_ids)) == 3
+        assert set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values()) == {
+            place.node_ids[1]}
+        killer = threading.Thread(target=remove_node_1, daemon=True)
+        killer.start()
+        summary = ctl.run()
+        new_home = set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values())
+    finally:
+        ctl.close()
+    assert "t" in removed, "node 1 was never removed"
+    fail = summary["failures"]
+    assert fail["instances_lost"] == 1 and len(fail["recoveries"]) == 1, fail
+    assert new_home and place.node_ids[1] not in new_home
+    assert_consumed_once_within_lag(run.path, summary)
