@@ -1,8 +1,8 @@
 """Soak: random rollout-instance kills over a long run; what was lost, duplicated, how fast it came back.
 
 One training run (real vLLM instances, megatron-core trainer, Ray; `configs/cpu_tiny.yaml` with small
-windows, the asp mode) while a killer thread `ray.kill`s a random live rollout instance actor every
-`--kill-every` seconds (+-25 % jitter, once the fleet is whole again). After `--minutes` the run plans
+windows, the asp mode) while a killer thread `ray.kill`s a random rollout instance actor
+`--kill-every` seconds (+-25 % jitter) after the fleet was last whole. After `--minutes` the run plans
 no further window (its shape is cut to the windows planned so far), trains what is planned and ends.
 Afterwards, from what the run recorded:
 
@@ -47,22 +47,30 @@ OVERRIDES = [
 
 def killer(ctl: Any, every: float, minutes: float, seed: int, done: threading.Event,
            kills: list[dict[str, Any]]) -> None:
-    """Every `every` s (+-25 %) once the fleet is whole again, `ray.kill` a random instance."""
+    """`ray.kill` a random instance `every` s (+-25 %) after the fleet was last whole (every instance up,
+    the previous kill's replacement rejoined), until `minutes` have passed."""
     import ray
 
     rng = random.Random(seed)
     stop_at = time.time() + 60 * minutes
     threading.Thread(target=stopper, args=(ctl, stop_at, done), daemon=True).start()
+
+    def whole() -> bool:
+        return not ctl.policy.down and not ctl.fleet.starting and ctl.arrivals_seen > 0
+
     while not done.is_set() and time.time() < stop_at:
-        if done.wait(every * rng.uniform(0.75, 1.25)):
+        while not whole():
+            if done.wait(0.5):
+                return
+        if done.wait(every * rng.uniform(0.75, 1.25)) or time.time() >= stop_at:
             return
-        while not done.is_set() and (ctl.policy.down or ctl.fleet.starting or ctl.arrivals_seen == 0):
-            done.wait(0.5)  # the previous kill's replacement is still rejoining
-        if done.is_set() or time.time() >= stop_at:
-            return
+        if not whole():
+            continue
         i = rng.randrange(len(ctl.fleet.instances))
         kills.append({"t": time.time(), "instance": i, "step": ctl.step})
         ray.kill(ctl.fleet.instances[i], no_restart=True)
+        with (Path(ctl.run_dir.path).parent / "kills.jsonl").open("a") as f:  # kept if the script dies
+            f.write(json.dumps(kills[-1]) + "\n")
 
 
 def stopper(ctl: Any, stop_at: float, done: threading.Event) -> None:
@@ -103,24 +111,26 @@ def match_kills(kills: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[
 
 def throughput(samples: list[dict[str, Any]], kills: list[dict[str, Any]], bucket: float
                ) -> dict[str, Any]:
-    """Samples finished per `bucket` s; windows that saw a kill (or the following one) against the rest."""
+    """Samples finished per `bucket` s (whole buckets), and the rate while an instance was down (from
+    its kill until its replacement rejoined) against the rate while the fleet was whole: the dip."""
     ts = sorted(s["t_finished"] for s in samples if s.get("t_finished"))
     if len(ts) < 2:
         return {}
-    t0, n = ts[0], int((ts[-1] - ts[0]) // bucket)  # whole buckets only
-    counts = [0] * max(1, n)
+    t0, t1 = ts[0], ts[-1]
+    counts = [0] * max(1, int((t1 - t0) // bucket))
     for t in ts:
         b = int((t - t0) // bucket)
         if b < len(counts):
             counts[b] += 1
-    hit = {int((k["t"] - t0) // bucket) + d for k in kills for d in (0, 1)}
-    with_kill = [c for b, c in enumerate(counts) if b in hit]
-    without = [c for b, c in enumerate(counts) if b not in hit]
-    med = statistics.median(counts)
-    return {"bucket_s": bucket, "per_bucket": counts, "median": med, "min": min(counts),
-            "dip": 1 - min(counts) / med if med else 0.0,
-            "median_kill_windows": statistics.median(with_kill) if with_kill else None,
-            "median_quiet_windows": statistics.median(without) if without else None}
+    down = [(k["t"], k["t"] + k["detect_s"] + k["recovery_s"]) for k in kills if "recovery_s" in k]
+    down_s = sum(min(b, t1) - max(a, t0) for a, b in down if b > t0 and a < t1)
+    n_down = sum(any(a <= t < b for a, b in down) for t in ts)
+    rate_down = n_down / down_s if down_s > 0 else None
+    rate_whole = (len(ts) - n_down) / (t1 - t0 - down_s) if t1 - t0 - down_s > 0 else None
+    dip = 1 - rate_down / rate_whole if rate_down is not None and rate_whole else None
+    return {"bucket_s": bucket, "per_bucket": counts, "median": statistics.median(counts),
+            "min": min(counts), "samples_per_s_whole": rate_whole, "samples_per_s_instance_down": rate_down,
+            "down_s": down_s, "dip": dip}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,7 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "unplanned_samples": len(set(consumed) - set(plan)), "lag_bound_held": lag_ok,
         "detect_s": {"median": statistics.median(det), "max": max(det)} if det else None,
         "recovery_s": {"median": statistics.median(rec), "max": max(rec), "all": rec} if rec else None,
-        "throughput_samples": throughput(samples, kills, args.bucket),
+        "throughput_samples": throughput(samples, matched, args.bucket),
         "kill_log": matched, "steps": summary.get("steps"), "run_dir": str(run_dir.path),
     }
 
