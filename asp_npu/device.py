@@ -112,8 +112,8 @@ def init_ray(num_cpus: int, single_machine: bool = True, address: str = "", **kw
     if address:
         kwargs.pop("include_dashboard")  # the cluster's head decides about its dashboard
         ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, **kwargs)
+    else:  # "local": a private instance, never a cluster some `ray start` on this machine left behind
+        ray.init(address="local", num_cpus=num_cpus, **kwargs)
     return True
 
 

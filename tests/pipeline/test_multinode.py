@@ -21,13 +21,25 @@ from tests.pipeline.test_e2e import OVERRIDES, _planned
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def two_nodes():
+def private_cluster(nodes: int, monkeypatch):
+    """`nodes` raylets of 4 CPUs (and a distinct `asp_node_<k>` resource each) on loopback. Ray's test
+    cluster would also write /tmp/ray/ray_current_cluster, where every other `ray.init()` on this
+    machine would find and join it: it is kept private (joined by address only)."""
+    import ray._common.utils
+    import ray._private.utils
     from ray.cluster_utils import Cluster
 
+    monkeypatch.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
+    monkeypatch.setattr(ray._common.utils, "reset_ray_address", lambda *a, **k: None)  # nor remove one
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"asp_node_0": 1}})
-    cluster.add_node(num_cpus=4, resources={"asp_node_1": 1})
+    workers = [cluster.add_node(num_cpus=4, resources={f"asp_node_{k}": 1}) for k in range(1, nodes)]
     cluster.wait_for_nodes()
+    return cluster, workers
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    cluster, _ = private_cluster(2, monkeypatch)
     try:
         yield cluster
     finally:
@@ -84,12 +96,8 @@ def test_pipeline_runs_on_two_ray_nodes_with_the_layouts_placement_groups(tmp_pa
 
 
 @pytest.fixture
-def three_nodes():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"asp_node_0": 1}})
-    nodes = [cluster.add_node(num_cpus=4, resources={f"asp_node_{k}": 1}) for k in (1, 2)]
-    cluster.wait_for_nodes()
+def three_nodes(monkeypatch):
+    cluster, nodes = private_cluster(3, monkeypatch)
     try:
         yield cluster, nodes
     finally:
