@@ -56,24 +56,43 @@ def redirect() -> None:
 
 class DriverRayLog:
     """Ray's own driver-side messages (start-up notices, warnings about actors the fleet kills) go to
-    `<run_dir>/logs/ray-driver.log` while a run holds Ray; `restore` puts Ray's handlers back."""
+    `<run_dir>/logs/ray-driver.log` while a run holds Ray; `restore` puts Ray's handlers back.
+
+    `ray.init(configure_logging=False)` clears the "ray" logger's handlers while it starts, so the file
+    is also attached to "ray._private" (where start-up messages come from) and `attach` is called
+    again once Ray is up."""
+
+    LOGGERS = ("ray", "ray._private")
 
     def __init__(self, path: Path) -> None:
         import logging
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.logger = logging.getLogger("ray")
-        self.saved = (list(self.logger.handlers), self.logger.propagate)
         self.handler = logging.FileHandler(path)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        for h in self.saved[0]:
-            self.logger.removeHandler(h)
-        self.logger.addHandler(self.handler)
-        self.logger.propagate = False
+        self.saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
+                      for n in self.LOGGERS}
+        self.attach()
+
+    def attach(self) -> None:
+        import logging
+
+        for name in self.LOGGERS:
+            lg = logging.getLogger(name)
+            for h in list(lg.handlers):
+                if h is not self.handler:
+                    lg.removeHandler(h)
+            if self.handler not in lg.handlers:
+                lg.addHandler(self.handler)
+            lg.propagate = False
 
     def restore(self) -> None:
-        self.logger.removeHandler(self.handler)
+        import logging
+
+        for name, (handlers, propagate) in self.saved.items():
+            lg = logging.getLogger(name)
+            lg.removeHandler(self.handler)
+            for h in handlers:
+                lg.addHandler(h)
+            lg.propagate = propagate
         self.handler.close()
-        for h in self.saved[0]:
-            self.logger.addHandler(h)
-        self.logger.propagate = self.saved[1]

@@ -103,6 +103,7 @@ class Fleet:
                     log_to_driver=False, configure_logging=False,  # actors write to logs/ (`actor_log`)
                     runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
             self._owns_ray = True
+        self._ray_log.attach()  # Ray cleared the "ray" logger's handlers while starting
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
                                       self.mode.queue_order)
         self.cluster.create()
