@@ -2,7 +2,7 @@
 
 A head and a worker node (`ray.cluster_utils.Cluster`: separate raylets with their own resources and
 a distinct node resource each) stand for two cluster nodes. The run is told `trainer.nnodes=2` and the
-cluster's address; the layout puts both rollout instances on node 0 and the trainer rank on node 1,
+cluster's address; the layout puts the rollout instance on node 0 and the trainer rank on node 1,
 and each group's placement group must sit on its node. Then the e2e invariants: every planned
 (prompt, sample) generated and consumed exactly once, the lag bound held for every sample.
 """
@@ -69,8 +69,8 @@ def test_pipeline_runs_on_two_ray_nodes_with_the_layouts_placement_groups(tmp_pa
 
     model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
     cfg = load_config("configs/cpu_tiny.yaml", [
-        f"model.path={model}", *OVERRIDES, "trainer.train_iters=2", "generate_config.num_instances=2",
-        "trainer.nnodes=2", "trainer.n_devices_per_node=2", f"trainer.ray_address={two_nodes.address}",
+        f"model.path={model}", *OVERRIDES, "trainer.train_iters=2", "generate_config.num_instances=1",
+        "trainer.nnodes=2", "trainer.n_devices_per_node=1", f"trainer.ray_address={two_nodes.address}",
         "trainer.logger=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}"])
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
     ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
