@@ -1,8 +1,8 @@
 """Soak: random rollout-instance kills over a long run; what was lost, duplicated, how fast it came back.
 
 One training run (real vLLM instances, megatron-core trainer, Ray; `configs/cpu_tiny.yaml` with small
-windows, the asp mode) while a killer thread `ray.kill`s a random rollout instance actor
-`--kill-every` seconds (+-25 % jitter) after the fleet was last whole. After `--minutes` the run plans
+windows, the asp mode) while a killer thread `ray.kill`s a random rollout instance actor every
+`--kill-every` seconds (+-25 % jitter; only while every instance is up). After `--minutes` the run plans
 no further window (its shape is cut to the windows planned so far), trains what is planned and ends.
 Afterwards, from what the run recorded:
 
@@ -47,8 +47,9 @@ OVERRIDES = [
 
 def killer(ctl: Any, every: float, minutes: float, seed: int, done: threading.Event,
            kills: list[dict[str, Any]]) -> None:
-    """`ray.kill` a random instance `every` s (+-25 %) after the fleet was last whole (every instance up,
-    the previous kill's replacement rejoined), until `minutes` have passed."""
+    """`ray.kill` a random instance every `every` s (+-25 %), counted from the previous kill, until
+    `minutes` have passed; a kill due while a replacement is still rejoining waits until the fleet is
+    whole again and then a full interval more."""
     import ray
 
     rng = random.Random(seed)
