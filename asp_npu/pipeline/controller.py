@@ -141,7 +141,7 @@ class Controller:
         wp.plan.write_json(self.run_dir.plans / f"window_{w:04d}.json")
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
-        self.fleet.add_prompts(items, self.policy.down)
+        self.fleet.add_prompts(items)
         return True
 
     def _ledger_version(self, weights_step: int) -> int:

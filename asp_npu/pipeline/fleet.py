@@ -169,10 +169,12 @@ class Fleet:
     def names(self) -> list[str]:
         return [self.name(i) for i in range(len(self.instances))]
 
-    def add_prompts(self, items: list[PromptItem], down: set[int] | frozenset[int] = frozenset()) -> None:
-        """Give `items` to every live instance (a restarting one gets them all when it is up)."""
+    def add_prompts(self, items: list[PromptItem]) -> None:
+        """Give `items` to every instance whose actor is up -- one held out while it loads weights after a
+        restart included, since it rejoins with units of these prompts (a restarting one gets them all
+        when it is up)."""
         self.items += items
-        live = [i for i in range(len(self.instances)) if i not in down and i not in self.starting]
+        live = [i for i in range(len(self.instances)) if i not in self.starting]
         refs = [(i, self.instances[i].add_prompts.remote(items)) for i in live]
         for i, ref in refs:
             try:
