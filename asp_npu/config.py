@@ -189,6 +189,8 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
+    ray_address: str = ""  # join this running Ray cluster ("auto" | "host:port"); "" = RAY_ADDRESS, else a
+    # private single-machine Ray
     n_devices_per_node: int = 0  # 0 = detect
     card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
     stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress

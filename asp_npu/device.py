@@ -89,14 +89,19 @@ def loopback_env() -> dict[str, str]:
     }
 
 
-def init_ray(num_cpus: int, single_machine: bool = True, **kwargs: object) -> bool:
-    """Start Ray for this process unless it is already running; True when this call started it.
+def init_ray(num_cpus: int, single_machine: bool = True, address: str = "", **kwargs: object) -> bool:
+    """Start or join Ray for this process unless it is already connected; True when this call did.
 
-    The one place the project starts Ray. On a single machine (`trainer.nnodes` 1, no RAY_ADDRESS to
-    join) it first puts `loopback_env()` in the environment (values the user set win), so the GCS,
-    raylet and every actor -- trainer ranks, vLLM workers, gloo -- stay on 127.0.0.1.
+    The one place the project connects to Ray. `address` (`trainer.ray_address`, else the RAY_ADDRESS
+    environment variable): join that running cluster -- "auto" for the local one `ray start` made,
+    or "host:port" of its head -- instead of starting a private one of `num_cpus` CPUs (a running
+    cluster's nodes bring their own resources). On a single machine (`trainer.nnodes` 1 and no
+    address, or an address on 127.0.0.1) it first puts `loopback_env()` in the environment (values the
+    user set win), so the GCS, raylet and every actor -- trainer ranks, vLLM workers, gloo -- stay on
+    127.0.0.1.
     """
-    if single_machine and not os.environ.get("RAY_ADDRESS"):
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    if (single_machine and not address) or address.split(":")[0] in ("127.0.0.1", "localhost"):
         for k, v in loopback_env().items():  # before `import ray`: Ray reads them when imported
             os.environ.setdefault(k, v)
     import ray
@@ -104,7 +109,11 @@ def init_ray(num_cpus: int, single_machine: bool = True, **kwargs: object) -> bo
     if ray.is_initialized():
         return False
     kwargs.setdefault("include_dashboard", False)
-    ray.init(num_cpus=num_cpus, **kwargs)
+    if address:
+        kwargs.pop("include_dashboard")  # the cluster's head decides about its dashboard
+        ray.init(address=address, **kwargs)
+    else:  # "local": a private instance, never a cluster some `ray start` on this machine left behind
+        ray.init(address="local", num_cpus=num_cpus, **kwargs)
     return True
 
 

@@ -34,7 +34,10 @@ __all__ = [
     "MemoryEstimate",
     "card_for",
     "instance_memory",
+    "BundleGroup",
+    "place",
     "plan_layout",
+    "ray_groups",
     "resolve_arch",
     "trainer_memory",
 ]
@@ -352,9 +355,12 @@ def trainer_world_size(cfg: Config) -> int:
             * act.data_parallel_size)
 
 
-def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layout:
-    """Place instances and trainer ranks on `nodes` x `npus_per_node` NPUs and list every problem."""
+def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None) -> Layout:
+    """Only the placement: which node and devices each rollout instance and trainer TP group gets
+    (`problems` says what does not fit). `plan_layout` adds the model and memory checks; the fleet
+    binds its Ray placement groups to this (`ray_groups`)."""
     gen, act = cfg.generate_config, cfg.actor_config
+    card = card or Card("any", 0.0, npus_per_node, "")
     colocated = cfg.rl_config.mode in COLOCATED_MODES
     per_instance = instance_npus(cfg)
     instances = gen.num_instances
@@ -385,6 +391,12 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
         )
     if act.context_parallel_size > 1:  # sized below, but a run would be refused: check says so too
         lay.problems.append(f"{CP_NOT_WIRED} (memory sized below)")
+    return lay
+
+
+def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layout:
+    """Place instances and trainer ranks on `nodes` x `npus_per_node` NPUs and list every problem."""
+    lay = place(cfg, nodes, npus_per_node, card)
     arch, problems, source = resolve_arch(cfg)
     lay.arch, lay.arch_source = arch, source
     lay.problems += problems
@@ -401,3 +413,36 @@ def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layo
             + (" ..." if len(lay.idle) > 8 else "")
         )
     return lay
+
+
+# ---------------------------------------------------------------- Ray placement groups
+
+
+@dataclass(frozen=True)
+class BundleGroup:
+    """One Ray placement group of the layout: a rollout instance (its devices, STRICT_PACK on one node,
+    as MindSpeed-RL and verl pack an engine's workers) or one trainer TP group (STRICT_PACK: a TP group
+    stays in one node). An expert-parallel instance over whole nodes is PACKed and bound to no node."""
+
+    name: str
+    node: int  # the layout's node index the group is bound to; -1: any node
+    bundles: tuple[dict[str, float], ...]  # one per device: {"CPU": 1} (+ {"NPU": 1} on NPU)
+    strategy: str = "STRICT_PACK"
+
+
+def ray_groups(lay: Layout, resource: str | None) -> tuple[list[BundleGroup], list[BundleGroup]]:
+    """The placement groups of `lay`: one per rollout instance, one per trainer TP group (rank order).
+    `resource`: the Ray resource of a device ("NPU", "GPU"); None on CPU, where a device is a core."""
+
+    def bundle() -> dict[str, float]:
+        return {"CPU": 1.0} if resource is None else {"CPU": 1.0, resource: 1.0}
+
+    instances = [
+        BundleGroup(f"instance-{p.instance}", p.node if p.span_nodes == 1 else -1,
+                    tuple(bundle() for _ in range(len(p.npus) * p.span_nodes)),
+                    "STRICT_PACK" if p.span_nodes == 1 else "PACK")
+        for p in lay.instances
+    ]
+    trainer = [BundleGroup(f"trainer-tp{g}", t.node, tuple(bundle() for _ in t.ranks))
+               for g, t in enumerate(lay.trainer)]
+    return instances, trainer

@@ -136,7 +136,7 @@ class Controller:
         wp.plan.write_json(self.run_dir.plans / f"window_{w:04d}.json")
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
-        self.fleet.add_prompts(items, self.policy.down)
+        self.fleet.add_prompts(items)
 
     def _ledger_version(self, weights_step: int) -> int:
         """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
@@ -233,7 +233,7 @@ class Controller:
         future: Future | None = None
         mb: Minibatch | None = None
         waited_from = last_progress = time.time()
-        while self.step < total:
+        while self.step < (total := self.shape.total_steps):  # a shorter shape may end the run early
             if self.stop_signal and future is None:
                 resume.stop(self)
             self.dispatch()

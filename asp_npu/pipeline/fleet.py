@@ -17,6 +17,8 @@ from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
 from asp_npu.core.staleness import token_lag_bound
+from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_log
+from asp_npu.pipeline.placement import ClusterPlacement
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
 
@@ -36,10 +38,12 @@ class Fleet:
         per_node = cfg.trainer.n_devices_per_node or available_devices(kind)  # type: ignore[arg-type]
         self.shape = RunShape.from_config(cfg, per_node * max(1, cfg.trainer.nnodes), mode)
         self.placement = self._place(per_node)
+        self.cluster = ClusterPlacement(cfg, kind, self.shape, self._layout_devices(per_node))
         self.trainer: Any = None
         self.instances: list[Any] = []
         self.queue: Any = None
         self._owns_ray = False
+        self._ray_log: DriverRayLog | None = None
         self._arrivals_ref: Any = None  # the pending `wait_arrivals` call
         self._wakes = 0
         self.failures_seen = 0  # failed requests already handed to the driver
@@ -67,6 +71,16 @@ class Fleet:
             act.num_threads = max(1, (len(placement.trainer_cores) - busy) // sh.trainer_world)
         return placement
 
+    def _layout_devices(self, per_node: int) -> int:
+        """Devices per node the layout places on: on CPU the cores are shared (a core is a logical
+        device for Ray), so a layout that needs more than the cores gets as many as it needs."""
+        sh = self.shape
+        if self.kind != "cpu":
+            return per_node
+        rollout = sh.instances * sh.infer_tp
+        need = max(rollout, sh.trainer_world) if self.mode.colocated else rollout + sh.trainer_world
+        return max(per_node, -(-need // max(1, self.cfg.trainer.nnodes)))
+
     def placement_summary(self) -> dict[str, Any] | None:
         p = self.placement
         if p is None:
@@ -84,20 +98,35 @@ class Fleet:
         sh, gen = self.shape, self.cfg.generate_config
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-        if init_ray(sh.instances * sh.infer_tp + sh.trainer_world + 1, self.cfg.trainer.nnodes <= 1,
-                    log_to_driver=True, logging_level="warning"):
+        tr = self.cfg.trainer
+        self._ray_log = DriverRayLog(log_path(tr.run_dir, "ray-driver"))
+        if init_ray(sh.instances * sh.infer_tp + sh.trainer_world + 1, tr.nnodes <= 1, tr.ray_address,
+                    log_to_driver=False, configure_logging=False,  # actors write to logs/ (`actor_log`)
+                    runtime_env={"worker_process_setup_hook": SETUP_HOOK}):
             self._owns_ray = True
+        self._ray_log.attach()  # Ray cleared the "ray" logger's handlers while starting
         rl = self.cfg.rl_config
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
                                       self.mode.queue_order, sh.steps_per_version,
                                       token_lag_bound(rl.partial_rollout, rl.max_token_lag, sh.max_lag))
+        self.cluster.create()
         settings, sampling = self._launch = self._engine_settings()
         self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
-                                          placement=self.placement)
-        self.trainer = TrainerGroup(self.cfg)
+                                          placement=self.placement, options_for=self._instance_options)
+        self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options)
         self._warm_up(warmup)
+
+    def _instance_options(self, i: int, options: dict[str, Any]) -> dict[str, Any]:
+        """Instance i's actor options in its placement group, its output to logs/instance-i.log."""
+        out = self.cluster.instance_options(i, options)
+        return with_log(out, log_path(self.cfg.trainer.run_dir, f"instance-{i}"))
+
+    def _trainer_options(self, rank: int, options: dict[str, Any]) -> dict[str, Any]:
+        """Trainer rank's actor options in its TP group's bundle, its output to logs/trainer-rank<r>.log."""
+        out = {**options, **self.cluster.trainer_options(rank)}
+        return with_log(out, log_path(self.cfg.trainer.run_dir, f"trainer-rank{rank}"))
 
     def _engine_settings(self) -> tuple[Any, Any]:
         from asp_npu.rollout.engine import EngineSettings, SamplingSettings
@@ -143,10 +172,12 @@ class Fleet:
     def names(self) -> list[str]:
         return [self.name(i) for i in range(len(self.instances))]
 
-    def add_prompts(self, items: list[PromptItem], down: set[int] | frozenset[int] = frozenset()) -> None:
-        """Give `items` to every live instance (a restarting one gets them all when it is up)."""
+    def add_prompts(self, items: list[PromptItem]) -> None:
+        """Give `items` to every instance whose actor is up -- one held out while it loads weights after a
+        restart included, since it rejoins with units of these prompts (a restarting one gets them all
+        when it is up)."""
         self.items += items
-        live = [i for i in range(len(self.instances)) if i not in down and i not in self.starting]
+        live = [i for i in range(len(self.instances)) if i not in self.starting]
         refs = [(i, self.instances[i].add_prompts.remote(items)) for i in live]
         for i, ref in refs:
             try:
@@ -212,6 +243,8 @@ class Fleet:
         if p is not None and p.disjoint:
             env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in p.instance_cores[i])}
         settings, sampling = self._launch
+        self.cluster.rehome(i)  # its node may be the reason it died
+        options = self._instance_options(i, options)
         actor = ray.remote(RolloutInstance).options(**options).remote(
             i, settings, sampling, env, self.queue, self.mode.admission, False)
         self.instances[i] = actor  # in place: the weights seam holds this same list
@@ -301,8 +334,13 @@ class Fleet:
             if self.queue is not None:
                 kill_quietly(self.queue)
                 self.queue = None
+            if ray.is_initialized():
+                self.cluster.remove()  # a joined cluster outlives the run: give its devices back
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
+            if self._ray_log is not None:
+                self._ray_log.restore()
+                self._ray_log = None
 
 
 def _wire(unit: Unit) -> Any:

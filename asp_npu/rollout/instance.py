@@ -464,6 +464,7 @@ def launch_instances(
     keep_polled: bool = True,
     start: bool = True,
     placement: Any = None,
+    options_for: Any = None,
 ) -> list[Any]:
     """Create `num` RolloutInstance actors, each pinned to its own devices; Ray must be initialised.
 
@@ -487,6 +488,8 @@ def launch_instances(
             env = {**env, ROLLOUT_NICE_ENV: str(placement.rollout_nice)}
         if placement is not None and placement.disjoint:
             env = {**env, PIN_CORES_ENV: ",".join(str(c) for c in placement.instance_cores[i])}
+        if options_for is not None:  # e.g. the instance's placement group (`pipeline.placement`)
+            options = options_for(i, options)
         actor_cls = ray.remote(RolloutInstance).options(**options)
         actors.append(actor_cls.remote(i, settings, sampling, env, sink, admission, keep_polled))
     if start:

@@ -48,8 +48,9 @@ class TrainerGroup:
     """`world_size` trainer ranks as Ray actors; `train_step`, `get_hf_weights`, `save`, `load`."""
 
     def __init__(self, cfg: Config, world_size: int | None = None,
-                 cpus_per_rank: float | None = None) -> None:
-        """`cpus_per_rank` overrides the Ray CPU reservation (e.g. 0 when rollout engines hold the cores)."""
+                 cpus_per_rank: float | None = None, placement: Any = None) -> None:
+        """`cpus_per_rank` overrides the Ray CPU reservation (e.g. 0 when rollout engines hold the cores);
+        `placement(rank, options)` gives rank's actor options (its placement-group bundle, its log file)."""
         import ray
 
         from asp_npu import device
@@ -62,12 +63,13 @@ class TrainerGroup:
         check_features(dims, act)
         kind = device.detect(cfg.trainer.device)
         self._owns_ray = device.init_ray(max(self.world_size, device.available_devices("cpu")),
-                                         cfg.trainer.nnodes <= 1, log_to_driver=True)
+                                         cfg.trainer.nnodes <= 1, cfg.trainer.ray_address, log_to_driver=True)
         opts = device.trainer_actor_options(kind)
         if cpus_per_rank is not None:
             opts["num_cpus"] = cpus_per_rank
         actor_cls = ray.remote(TrainerRank)
-        self.actors = [actor_cls.options(**opts).remote() for _ in range(self.world_size)]
+        self.actors = [actor_cls.options(**(placement(r, dict(opts)) if placement else opts)).remote()
+                       for r in range(self.world_size)]
         self.names = [f"trainer rank {r}" for r in range(self.world_size)]
         self.timeout_s = cfg.trainer.stall_timeout_s  # a step, save or start-up slower than this: a hang
         addr, port = get(self.actors[0].rendezvous.remote(), CALL_S, self.names[0], "rendezvous")

@@ -1,0 +1,163 @@
+"""The pipeline on a two-node Ray cluster on this machine (loopback), joined through `trainer.ray_address`.
+
+A head and a worker node (`ray.cluster_utils.Cluster`: separate raylets with their own resources and
+a distinct node resource each) stand for two cluster nodes. The run is told `trainer.nnodes=2` and the
+cluster's address; the layout puts the rollout instance on node 0 and the trainer rank on node 1,
+and each group's placement group must sit on its node. Then the e2e invariants: every planned
+(prompt, sample) generated and consumed exactly once, the lag bound held for every sample.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asp_npu.config import load_config
+from asp_npu.core import run_dir as rd
+from asp_npu.pipeline.train import config_yaml
+from tests.pipeline.test_e2e import OVERRIDES, _planned
+
+pytestmark = pytest.mark.slow
+
+
+def private_cluster(nodes: int, monkeypatch):
+    """`nodes` raylets of 4 CPUs (and a distinct `asp_node_<k>` resource each) on loopback. Ray's test
+    cluster would also write /tmp/ray/ray_current_cluster, where every other `ray.init()` on this
+    machine would find and join it: it is kept private (joined by address only)."""
+    import ray._common.utils
+    import ray._private.utils
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
+    monkeypatch.setattr(ray._common.utils, "reset_ray_address", lambda *a, **k: None)  # nor remove one
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"asp_node_0": 1}})
+    workers = [cluster.add_node(num_cpus=4, resources={f"asp_node_{k}": 1}) for k in range(1, nodes)]
+    cluster.wait_for_nodes()
+    return cluster, workers
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    cluster, _ = private_cluster(2, monkeypatch)
+    try:
+        yield cluster
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def assert_consumed_once_within_lag(run, summary) -> None:
+    """The e2e invariants from what the run recorded (samples.jsonl against the plans)."""
+    samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
+    consumed = [(f"{s['prompt_id']}@{s['epoch']}", s["sample_idx"]) for s in samples]
+    planned = _planned(run)
+    assert len(consumed) == len(set(consumed)) == len(planned) > 0
+    assert sorted(consumed) == sorted(planned)
+    assert all(0 <= s["step"] - s["policy_version"] <= summary["max_lag"] for s in samples)
+
+
+def test_pipeline_runs_on_two_ray_nodes_with_the_layouts_placement_groups(tmp_path, two_nodes):
+    import ray
+    from ray.util import placement_group_table
+
+    from asp_npu.data.datasets import config_prompts
+    from asp_npu.data.init_model import build_model_dir
+    from asp_npu.pipeline.controller import Controller
+
+    model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
+    cfg = load_config("configs/cpu_tiny.yaml", [
+        f"model.path={model}", *OVERRIDES, "trainer.train_iters=2", "generate_config.num_instances=1",
+        "trainer.nnodes=2", "trainer.n_devices_per_node=1", f"trainer.ray_address={two_nodes.address}",
+        "trainer.logger=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}"])
+    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
+    ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
+    try:
+        ctl.start()
+        assert len(ray.nodes()) == 2 and ray.get_runtime_context().gcs_address == two_nodes.address
+        place = ctl.fleet.cluster
+        node0, node1 = place.node_ids
+        assert node0 != node1 and node0 == ray.get_runtime_context().get_node_id()  # node 0: the driver's
+        for pg in place.instance_pgs:
+            assert set(placement_group_table(pg)["bundles_to_node_id"].values()) == {node0}
+        for pg in place.trainer_pgs:
+            assert set(placement_group_table(pg)["bundles_to_node_id"].values()) == {node1}
+        summary = ctl.run()
+    finally:
+        ctl.close()
+    assert summary["steps"] == 6  # 2 iterations x 6 prompts x 4 samples in steps of 8
+    assert_consumed_once_within_lag(run.path, summary)
+    # the run disconnected from the cluster, which lives on with every CPU free again
+    assert not ray.is_initialized()
+    ray.init(address=two_nodes.address)
+    assert len(ray.nodes()) == 2 and ray.available_resources().get("CPU") == 8
+
+
+@pytest.fixture
+def three_nodes(monkeypatch):
+    cluster, nodes = private_cluster(3, monkeypatch)
+    try:
+        yield cluster, nodes
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.mark.skip(reason="not yet run green: on the shared 2-core CI machine Ray's memory monitor killed its "
+                         "engines (3 raylets + 2 vLLM instances) before the node was removed")
+def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_path, three_nodes):
+    """Instance 1 lives alone on node 1; that node is removed mid-run. The run loses instance 1 like any
+    dead instance, re-dispatches its groups, starts its replacement in a fresh placement group on a live
+    node, and completes with every planned sample consumed once."""
+    import threading
+    import time
+
+    from ray.util import placement_group_table
+
+    from asp_npu.data.datasets import config_prompts
+    from asp_npu.data.init_model import build_model_dir
+    from asp_npu.pipeline.controller import Controller
+
+    cluster, _ = three_nodes
+    model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
+    cfg = load_config("configs/cpu_tiny.yaml", [
+        f"model.path={model}", *OVERRIDES, "trainer.train_iters=6", "generate_config.num_instances=2",
+        "trainer.nnodes=3", "trainer.n_devices_per_node=1", f"trainer.ray_address={cluster.address}",
+        "generate_config.weight_transfer=object-store", "trainer.logger=[jsonl]",
+        f"trainer.run_dir={tmp_path / 'run'}"])
+    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
+    ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
+    removed: dict = {}
+
+    def remove_node_1() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if ctl.arrivals_seen >= 1 and 1 not in ctl.policy.down:
+                node = ctl.fleet.cluster.node_of(1)
+                victim = next(n for n in cluster.worker_nodes if n.node_id == node)
+                removed["t"] = time.time()
+                cluster.remove_node(victim)
+                return
+            time.sleep(0.05)
+
+    try:
+        ctl.start()
+        place = ctl.fleet.cluster
+        assert len(set(place.node_ids)) == 3
+        assert set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values()) == {
+            place.node_ids[1]}
+        killer = threading.Thread(target=remove_node_1, daemon=True)
+        killer.start()
+        summary = ctl.run()
+        new_home = set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values())
+    finally:
+        ctl.close()
+    assert "t" in removed, "node 1 was never removed"
+    fail = summary["failures"]
+    assert fail["instances_lost"] == 1 and len(fail["recoveries"]) == 1, fail
+    assert new_home and place.node_ids[1] not in new_home
+    assert_consumed_once_within_lag(run.path, summary)
