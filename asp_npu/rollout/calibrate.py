@@ -11,6 +11,8 @@ exactly as a rollout instance runs:
 - weight_refresh seconds (the model's own weights, through the same path as training);
 - the trainer (`asp_npu.trainer.calibrate`): wall seconds per token of `train_step` at the config's
   minibatch shape, placed as the config's asynchronous mode places it and as a colocated mode does;
+- with `trainer`, the engine runs at the priority the config's asynchronous mode gives its instances
+  (lowered where they share cores with the trainer), as it does in the run;
 - core sharing: where rollout and training overlap (an asynchronous mode), each slows the other by
   what this machine does when they run together: engine 0's decode step at a fixed batch with the
   trainer idle vs stepping back to back, and a trainer step with the engines idle vs decoding, in
@@ -216,6 +218,22 @@ class _Busy:
             f.result(timeout=600)
 
 
+def async_mode(cfg: Config) -> str:
+    """The asynchronous mode whose placement the trainer and core sharing are measured in."""
+    from asp_npu.core.modes import TABLE
+
+    return cfg.rl_config.mode if not TABLE[cfg.rl_config.mode].colocated else "asp"
+
+
+def _set_nice(value: int) -> bool:
+    """This process's priority (children started later inherit it); False where not permitted."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, value)
+        return True
+    except OSError:
+        return False
+
+
 def measure_sharing(
     cfg: Config, kind: DeviceKind, engine: Any, loop: Any, settings: Any, all_cores: list[int], repeats: int,
     quick: bool,
@@ -224,14 +242,13 @@ def measure_sharing(
     slowdowns (module docstring). Engine 0 is `engine`; the run's other instances are built here."""
     import psutil  # type: ignore[import-untyped]
 
-    from asp_npu.core.modes import TABLE
     from asp_npu.device import pin_process, rollout_env
     from asp_npu.rollout.vllm_engine import VLLMEngine
     from asp_npu.trainer.calibrate import BackgroundTrainer, batch_tokens, calibration_batch, timed_steps
     from asp_npu.trainer.group import TrainerGroup
 
     pin_process(all_cores)  # placement reads this process's cores, which engine 0 narrowed
-    mode = cfg.rl_config.mode if not TABLE[cfg.rl_config.mode].colocated else "asp"
+    mode = async_mode(cfg)
     acfg, placement = _placed(cfg, kind, mode)
     gen = cfg.generate_config
     extra: list[Any] = []
@@ -247,6 +264,7 @@ def measure_sharing(
             for p in psutil.Process().children(recursive=True):  # the engines' processes (before Ray)
                 p.nice(placement.rollout_nice)
     pin_process(all_cores)  # Ray and the trainer ranks get the run's placement, not engine 0's cores
+    _set_nice(0)  # nor engine 0's priority (measure_config lowered this process's for its engine)
     batch = calibration_batch(acfg)
     tokens = batch_tokens(batch)
     act = acfg.actor_config
@@ -327,13 +345,19 @@ def measure_config(
     engine = None
     try:
 
+        # an instance of a placement that shares cores runs at a lower priority: so does this one
+        _, placement = _placed(cfg, kind, async_mode(cfg)) if trainer else (None, None)
+        nice = placement.rollout_nice if placement is not None else 0
+
         async def build() -> VLLMEngine:
             devices = list(range(gen.infer_tensor_parallel_size))
             confine_to_devices(kind, devices)  # the engine's processes inherit it
+            if nice:
+                os.nice(nice)
             return VLLMEngine(settings, rollout_env(kind, devices, gen.kv_cache_gib))
 
         engine = loop.run(build())
-        meta = {"device": kind, "dtype": cfg.model.dtype}
+        meta = {"device": kind, "dtype": cfg.model.dtype, "engine_nice": nice}
         m = measure_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
         if trainer:
             t0 = time.time()
