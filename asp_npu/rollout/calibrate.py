@@ -275,6 +275,8 @@ def measure_sharing(
     vocab = len(engine.tokenizer)
     d_alone, d_shared, t_alone, t_shared = [], [], [], []
     group = TrainerGroup(acfg)
+    if placement is not None and placement.disjoint:
+        pin_process(list(placement.instance_cores[0]))  # engine 0 front-end (here) off the trainer cores
     try:
         timed_steps(group, batch, 2)  # warm-up
         for r in range(repeats + 1):
