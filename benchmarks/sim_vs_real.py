@@ -20,10 +20,12 @@ THAT run (`asp_npu.sim.replay`):
   `stream` executor, unit -> `unit`), n_samples_per_prompt, mini_batch_size, global_batch_size,
   the mode's effective lag bound and refresh period, predictor, micro_batch_size, train_iters;
 - layout: instances x TP devices (cores); asynchronous modes a separate trainer of the cores the
-  controller gives it (at least one per rank; on CPU these share the engines' cores, which the
-  simulator does not model), mindspeed-sync colocated on the instances' cores;
+  controller gives it (at least one per rank), mindspeed-sync colocated on the instances' cores;
+  where rollout and training overlap, the calibrated core-sharing slowdowns apply
+  (`asp_npu.sim.contention`; both measured by `asp-npu calibrate` in the run's placement);
 - costs: the `--preset` fallbacks overlaid by the calibration file (decode a/b/c, prefill, refresh,
-  trainer s/token when present). Costs the calibration does not measure come from the run itself
+  trainer s/token for the asynchronous and the colocated placement, core-sharing slowdowns, when
+  present). Costs the calibration does not measure come from the run itself
   when `--run-costs` allows it (default `trainer,switch`): trainer device-seconds per token = the
   run's total `timing/update` (metrics.jsonl) x trainer devices / consumed prompt+response tokens;
   colocated switch seconds (rollout->train, train->rollout) from events.json. Every cost's source is
@@ -85,7 +87,10 @@ CALIB_FIELDS = {
     "prefill_s_per_token": "prefill_s_per_token",
     "refresh_s": "refresh_s",
     "trainer_s_per_token": "train_s_per_token",
+    "core_sharing.decode_slowdown": "share_decode_slowdown",
+    "core_sharing.train_slowdown": "share_train_slowdown",
 }
+COLOCATED_TRAINER = "trainer_s_per_token_colocated"  # the colocated modes' trainer (every core)
 # how each real mode maps onto the simulator's mode of the same name, where they differ in architecture
 ARCH_NOTES = {
     "sortedrl": "NOT COMPARABLE: the simulator's sortedrl is colocated with partial rollout (preempt + "
@@ -125,6 +130,8 @@ def calib_fields(path: Path) -> dict[str, float | None]:
         for part in key.split("."):
             v = v.get(part) if isinstance(v, dict) else None
         out[attr] = None if v is None else float(v)
+    v = d.get(COLOCATED_TRAINER)
+    out[COLOCATED_TRAINER] = None if v is None else float(v)
     return out
 
 
@@ -286,7 +293,11 @@ def compare_run(
         notes.append(
             f"{len(updates)} timing/update rows for {iterations * s.steps_per_iteration} trainer steps"
         )
-    if calibrated.get("train_s_per_token") is None and "trainer" in run_costs:
+    colocated = SIM_SPECS[sim_mode].colocated_in_sim
+    if colocated and calibrated.get(COLOCATED_TRAINER) is not None:
+        cost["train_s_per_token"] = float(calibrated[COLOCATED_TRAINER])  # type: ignore[arg-type]
+        sources["train_s_per_token"] = "calib (colocated trainer on every core)"
+    elif calibrated.get("train_s_per_token") is None and "trainer" in run_costs:
         cost["train_s_per_token"] = trainer_cost_from_run(updates, lengths, plens, layout.trainer_devices)
         sources["train_s_per_token"] = f"run metrics ({len(updates)} steps of timing/update)"
     sources["to_train_s"] = sources["to_infer_s"] = f"preset {base} fallback"
@@ -346,7 +357,7 @@ def compare_run(
         },
         "simulated": {
             k: res.metrics[k] for k in ("utilization", "bubbles", "trainer_idle_ratio", "lag_mean")
-        },
+        } | {"core_sharing": res.metrics.get("core_sharing", {"applied": False})},
         "measured": {k: summary.get(k) for k in ("bubbles", "trainer_idle_ratio", "lag_mean")},
         "measured_update_s_total": float(sum(updates)),
         "sim_seconds": sim_s,
@@ -384,11 +395,19 @@ def per_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def sharing_cell(r: dict[str, Any]) -> str:
+    sh = r["simulated"]["core_sharing"]
+    if not sh.get("applied"):
+        return "-"
+    return (f"{sh['decode_factor']:.2f} ({sh['decode_overlap']:.0%} of decode overlapped) / "
+            f"{sh['train_factor']:.2f} ({sh['train_overlap']:.0%} of training)")
+
+
 def render(rows: list[dict[str, Any]], modes: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| mode | seed | measured iter s | simulated iter s | error % | trainer s/token (source) | "
-        "to_train / to_infer s (source) |",
-        "|---|---|---|---|---|---|---|",
+        "to_train / to_infer s (source) | core sharing: decode x / train x |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c, src = r["costs"], r["cost_sources"]
@@ -398,7 +417,7 @@ def render(rows: list[dict[str, Any]], modes: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {r['mode']} | {r['seed']} | {r['measured_iteration_time_mean_s']:.3f} | "
             f"{r['simulated_iteration_time_mean_s']:.3f} | {100 * r['error']:+.1f} | "
-            f"{c['train_s_per_token']:.3g} ({src['train_s_per_token']}) | {sw} |"
+            f"{c['train_s_per_token']:.3g} ({src['train_s_per_token']}) | {sw} | {sharing_cell(r)} |"
         )
     lines += [
         "",
@@ -464,7 +483,7 @@ def main(argv: list[str]) -> int:
     print(f"## sim vs real: {args.run_dir} with --calib {calib} (preset {args.preset}, {cores} cores)")
     print()
     for attr, v in calibrated.items():
-        if v is None:
+        if v is None and attr in CALIB_FIELDS.values():
             src = (
                 "run metrics" if attr == "train_s_per_token" and "trainer" in run_costs else "preset fallback"
             )
@@ -474,7 +493,8 @@ def main(argv: list[str]) -> int:
         print(
             f"note: decode step {c['decode_a'] * 1e3:.3f} ms + {c['decode_b'] * 1e3:.4f} ms/seq + "
             f"{c['decode_c'] * 1e6:.4f} us/KV token; prefill {c['prefill_s_per_token']:.2e} s/token; "
-            f"refresh {c['refresh_s']:.3f} s"
+            f"refresh {c['refresh_s']:.3f} s; core sharing: decode x{c['share_decode_slowdown']:.2f}, "
+            f"trainer x{c['share_train_slowdown']:.2f} while the other side is busy"
         )
     for line in skipped:
         print(f"note: {line}")

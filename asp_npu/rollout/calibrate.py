@@ -8,7 +8,16 @@ exactly as a rollout instance runs:
   difference / token difference, which cancels prefill and per-request overheads; KV tokens = mean
   tokens held during the extra decode);
 - prefill seconds per prompt token (time to first token of single fresh prompts, slope of a fit);
-- weight_refresh seconds (the model's own weights, through the same path as training).
+- weight_refresh seconds (the model's own weights, through the same path as training);
+- the trainer (`asp_npu.trainer.calibrate`): wall seconds per token of `train_step` at the config's
+  minibatch shape, placed as the config's asynchronous mode places it and as a colocated mode does;
+- with `trainer`, the engine runs at the priority the config's asynchronous mode gives its instances
+  (lowered where they share cores with the trainer), as it does in the run;
+- core sharing: where rollout and training overlap (an asynchronous mode), each slows the other by
+  what this machine does when they run together: engine 0's decode step at a fixed batch with the
+  trainer idle vs stepping back to back, and a trainer step with the engines idle vs decoding, in
+  the run's placement (the run's other instances decode throughout; engines niced where the run
+  nices them), measured in interleaved pairs. The ratios are the simulator's slowdown factors.
 Prompts are random token ids, distinct per sequence, so prefix caching cannot shortcut anything.
 This module measures; the simulator fits its cost model to the points and writes the `asp-calib/1`
 file (asp_npu/sim/calibrate.py).
@@ -25,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.config import Config
+from asp_npu.device import DeviceKind
 from asp_npu.rollout.engine import SamplingSettings
 from asp_npu.types import PromptItem
 
@@ -44,6 +54,25 @@ async def _batch(engine: Any, rng: random.Random, batch: int, prompt_len: int, t
     items = [_random_prompt(rng, prompt_len, lo, hi, f"d{batch}") for _ in range(batch)]
     groups = await asyncio.gather(*(engine.generate(it, sampling) for it in items))
     return [g[0] for g in groups]
+
+
+async def _decode_step(engine: Any, rng: random.Random, batch: int, prompt_len: int, tokens: int,
+                       lo: int, hi: int) -> float:
+    """One decode step at `batch` running sequences: (wall(T) - wall(T/4)) / (3T/4) tokens."""
+    short = max(2, tokens // 4)
+    wall = {}
+    for n in (short, tokens):
+        t0 = time.time()
+        await _batch(engine, rng, batch, prompt_len, n, lo, hi)
+        wall[n] = time.time() - t0
+    return max(1e-6, (wall[tokens] - wall[short]) / (tokens - short))
+
+
+async def _keep_busy(engine: Any, rng: random.Random, batch: int, prompt_len: int, tokens: int,
+                     lo: int, hi: int, stop: Any) -> None:
+    """Decode batches of `batch` back to back until `stop` (an asyncio.Event) is set."""
+    while not stop.is_set():
+        await _batch(engine, rng, batch, prompt_len, tokens, lo, hi)
 
 
 async def measure(
@@ -147,9 +176,153 @@ def measure_engine(
     )
 
 
-def measure_config(cfg: Config, quick: bool = False, repeats: int = 2) -> EngineMeasurement:
+def _placed(cfg: Config, kind: DeviceKind, mode: str) -> tuple[Config, Any]:
+    """A copy of `cfg` run as `mode`, with the trainer ranks' cores and threads the controller would
+    give it (`pipeline.fleet.Fleet` places without starting anything), and that placement."""
+    import copy
+
+    from asp_npu.core.modes import mode_spec
+    from asp_npu.pipeline.fleet import Fleet
+
+    c = copy.deepcopy(cfg)
+    c.rl_config.mode = mode
+    fleet = Fleet(c, kind, mode_spec(mode, c.generate_config.admission))
+    return c, fleet.placement
+
+
+class _Busy:
+    """Engines decoding batches back to back on `loop` while the block runs."""
+
+    def __init__(self, loop: Any, engines: list[Any], batch: int, tokens: int, seed: int) -> None:
+        self.loop, self.engines, self.batch, self.tokens, self.seed = loop, engines, batch, tokens, seed
+        self.futs: list[Any] = []
+
+    def __enter__(self) -> _Busy:
+        import asyncio
+
+        async def make() -> asyncio.Event:
+            return asyncio.Event()
+
+        self.stop = self.loop.run(make())
+        for k, e in enumerate(self.engines):
+            vocab = len(e.tokenizer)
+            rng = random.Random(self.seed + k)
+            coro = _keep_busy(e, rng, self.batch, 16, self.tokens, min(16, vocab - 1), vocab, self.stop)
+            self.futs.append(asyncio.run_coroutine_threadsafe(coro, self.loop.loop))
+        time.sleep(0.5)  # running
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.loop.call_soon_threadsafe(self.stop.set)
+        for f in self.futs:
+            f.result(timeout=600)
+
+
+def async_mode(cfg: Config) -> str:
+    """The asynchronous mode whose placement the trainer and core sharing are measured in."""
+    from asp_npu.core.modes import TABLE
+
+    return cfg.rl_config.mode if not TABLE[cfg.rl_config.mode].colocated else "asp"
+
+
+def _set_nice(value: int) -> bool:
+    """This process's priority (children started later inherit it); False where not permitted."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, value)
+        return True
+    except OSError:
+        return False
+
+
+def measure_sharing(
+    cfg: Config, kind: DeviceKind, engine: Any, loop: Any, settings: Any, all_cores: list[int], repeats: int,
+    quick: bool,
+) -> dict[str, Any]:
+    """The trainer's seconds per token (asynchronous and colocated placement) and the core-sharing
+    slowdowns (module docstring). Engine 0 is `engine`; the run's other instances are built here."""
+    import psutil  # type: ignore[import-untyped]
+
+    from asp_npu.device import pin_process, rollout_env
+    from asp_npu.rollout.vllm_engine import VLLMEngine
+    from asp_npu.trainer.calibrate import BackgroundTrainer, batch_tokens, calibration_batch, timed_steps
+    from asp_npu.trainer.group import TrainerGroup
+
+    pin_process(all_cores)  # placement reads this process's cores, which engine 0 narrowed
+    mode = async_mode(cfg)
+    acfg, placement = _placed(cfg, kind, mode)
+    gen = cfg.generate_config
+    extra: list[Any] = []
+    out: dict[str, Any] = {"mode": mode, "placement": None}
+    if placement is not None:
+        out["placement"] = {"disjoint": placement.disjoint, "instance_cores": placement.instance_cores,
+                            "trainer_cores": acfg.actor_config.pinned_cores() or placement.trainer_cores,
+                            "trainer_threads": acfg.actor_config.num_threads, "nice": placement.rollout_nice}
+        for cores in ([] if placement.disjoint else placement.instance_cores[1:]):
+            pin_process(list(cores))  # the engine's processes inherit it
+            extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), gen.kv_cache_gib)))
+        if placement.rollout_nice:
+            for p in psutil.Process().children(recursive=True):  # the engines' processes (before Ray)
+                p.nice(placement.rollout_nice)
+    pin_process(all_cores)  # Ray and the trainer ranks get the run's placement, not engine 0's cores
+    _set_nice(0)  # nor engine 0's priority (measure_config lowered this process's for its engine)
+    batch = calibration_batch(acfg)
+    tokens = batch_tokens(batch)
+    act = acfg.actor_config
+    world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+    d_batch, d_tokens = max(1, gen.max_num_seqs // 2), 32 if quick else 64
+    busy_tokens = max(8, min(4 * d_tokens, engine.max_model_len - 20))  # prompts are 16 tokens
+    rng = random.Random(7)
+    vocab = len(engine.tokenizer)
+    d_alone, d_shared, t_alone, t_shared = [], [], [], []
+    group = TrainerGroup(acfg)
+    if placement is not None and placement.disjoint:
+        pin_process(list(placement.instance_cores[0]))  # engine 0 front-end (here) off the trainer cores
+    try:
+        timed_steps(group, batch, 2)  # warm-up
+        for r in range(repeats + 1):
+            with _Busy(loop, extra, d_batch, busy_tokens, 100 * r):
+                d_alone.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+                with BackgroundTrainer(group, batch):
+                    d_shared.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+            t_alone.append(statistics.median(timed_steps(group, batch, 2)))
+            with _Busy(loop, [engine, *extra], d_batch, busy_tokens, 100 * r + 50):
+                t_shared.append(statistics.median(timed_steps(group, batch, 2)))
+    finally:
+        group.shutdown()
+        for e in extra:
+            e.shutdown()
+    wall = statistics.median(t_alone) / tokens
+    ccfg, _ = _placed(cfg, kind, "mindspeed-sync")
+    cact = ccfg.actor_config
+    cworld = cact.tensor_model_parallel_size * cact.pipeline_model_parallel_size * cact.data_parallel_size
+    group = TrainerGroup(ccfg)
+    try:
+        timed_steps(group, batch, 1)
+        c_steps = timed_steps(group, batch, max(3, repeats + 1))
+    finally:
+        group.shutdown()
+    cwall = statistics.median(c_steps) / tokens
+    threads = max(1, act.num_threads)
+    cthreads = max(1, cact.num_threads)
+    return {
+        **out,
+        "batch_samples": batch.num_samples,
+        "batch_tokens": tokens,
+        "trainer": {"step_s": t_alone, "wall_s_per_token": wall, "world": world, "threads": threads,
+                    "device_s_per_token": wall * world * threads},
+        "trainer_colocated": {"step_s": c_steps, "wall_s_per_token": cwall, "world": cworld,
+                              "threads": cthreads, "device_s_per_token": cwall * cworld * cthreads},
+        "sharing": {"decode_batch": d_batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
+                    "train_alone_s": t_alone, "train_shared_s": t_shared},
+    }
+
+
+def measure_config(
+    cfg: Config, quick: bool = False, repeats: int = 2, trainer: bool = True
+) -> EngineMeasurement:
     """Build one engine from `cfg` (an asp_npu Config) on the first instance's devices (on CPU the
-    whole process is confined to them, as a run's instance is), measure it, shut it down."""
+    whole process is confined to them, as a run's instance is), measure it; with `trainer`, then the
+    trainer and core sharing (`measure_sharing`); shut everything down."""
     from asp_npu.data.init_model import build_model_dir, check_model_dir
     from asp_npu.device import confine_to_devices, detect, rollout_env
     from asp_npu.rollout.engine import EngineSettings, LoopThread
@@ -161,6 +334,7 @@ def measure_config(cfg: Config, quick: bool = False, repeats: int = 2) -> Engine
     check_model_dir(model)
     gen = cfg.generate_config
     kind = detect(cfg.trainer.device)
+    all_cores = sorted(os.sched_getaffinity(0))
     settings = EngineSettings(
         str(model),
         dtype=cfg.model.dtype,
@@ -173,14 +347,28 @@ def measure_config(cfg: Config, quick: bool = False, repeats: int = 2) -> Engine
     engine = None
     try:
 
+        # an instance of a placement that shares cores runs at a lower priority: so does this one
+        _, placement = _placed(cfg, kind, async_mode(cfg)) if trainer else (None, None)
+        nice = placement.rollout_nice if placement is not None else 0
+
         async def build() -> VLLMEngine:
             devices = list(range(gen.infer_tensor_parallel_size))
             confine_to_devices(kind, devices)  # the engine's processes inherit it
+            if nice:
+                os.nice(nice)
             return VLLMEngine(settings, rollout_env(kind, devices, gen.kv_cache_gib))
 
         engine = loop.run(build())
-        meta = {"device": kind, "dtype": cfg.model.dtype}
-        return measure_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
+        meta = {"device": kind, "dtype": cfg.model.dtype, "engine_nice": nice}
+        m = measure_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
+        if trainer:
+            t0 = time.time()
+            m.points["trainer"] = measure_sharing(
+                cfg, kind, engine, loop, settings, all_cores, repeats, quick
+            )
+            m.meta["trainer_measure_s"] = time.time() - t0
+            m.meta["loadavg_1m_after_trainer"] = os.getloadavg()[0]
+        return m
     finally:
         if engine is not None:
             engine.shutdown()

@@ -3,7 +3,14 @@ write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
 
 The measurement itself runs a real engine and lives with the rollout code
 (asp_npu/rollout/calibrate.py); this module is pure arithmetic on its points.
-Schema `asp-calib/1`; `trainer_s_per_token` is null here (the trainer is measured elsewhere).
+Schema `asp-calib/1`. The trainer fields (null when the trainer was not measured):
+- `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
+  asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator
+  divides by the trainer's devices); `trainer_s_per_token_colocated`: the same for a colocated mode's
+  trainer (every core);
+- `core_sharing`: `decode_slowdown` / `train_slowdown`, the medians of the paired ratios (shared over
+  alone) measured in the run's placement; 1.0 where the placement keeps them apart and nothing
+  interferes. The simulator applies each while the other side is busy (asp_npu/sim/contention.py).
 """
 
 from __future__ import annotations
@@ -57,16 +64,29 @@ def fit(points: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sharing(p: dict[str, Any]) -> dict[str, float]:
+    """Slowdown factors: medians of the paired (shared / alone) ratios, never below 1 (noise)."""
+    dec = [b / a for a, b in zip(p["decode_alone_s"], p["decode_shared_s"], strict=True) if a > 0]
+    tr = [b / a for a, b in zip(p["train_alone_s"], p["train_shared_s"], strict=True) if a > 0]
+    return {
+        "decode_slowdown": max(1.0, statistics.median(dec)) if dec else 1.0,
+        "train_slowdown": max(1.0, statistics.median(tr)) if tr else 1.0,
+    }
+
+
 def calibration(model: str, points: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The `asp-calib/1` document: the fitted costs, the raw points and how they were measured."""
     fitted = fit(points)
+    tr = points.get("trainer")
     return {
         "schema": SCHEMA,
         "model": str(model),
         "decode_step_s": fitted["decode_step_s"],
         "prefill_s_per_token": fitted["prefill_s_per_token"],
         "refresh_s": fitted["refresh_s"],
-        "trainer_s_per_token": None,
+        "trainer_s_per_token": tr["trainer"]["device_s_per_token"] if tr else None,
+        "trainer_s_per_token_colocated": tr["trainer_colocated"]["device_s_per_token"] if tr else None,
+        "core_sharing": sharing(tr["sharing"]) if tr else None,
         "points": points,
         "meta": {**meta, "fit_median_rel_err": fitted["fit_median_rel_err"]},
     }

@@ -36,6 +36,10 @@ class SimCost:
         0.0  # colocated switch rollout -> train (offload KV/weights, onload optimizer, reshard)
     )
     to_infer_s: float = 0.0  # colocated switch train -> rollout (reshard to inference TP, offload, onload)
+    # rollout and trainer sharing cores (asp_npu/sim/contention.py): decode steps / trainer steps take
+    # this many times longer while the other side is busy (measured by `asp-npu calibrate`; 1 = apart)
+    share_decode_slowdown: float = 1.0
+    share_train_slowdown: float = 1.0
 
     def validate(self) -> list[str]:
         bad = []
@@ -54,6 +58,9 @@ class SimCost:
             bad.append("cost.decode_a or cost.decode_b must be > 0")
         if not self.train_s_per_token > 0:
             bad.append(f"cost.train_s_per_token must be > 0 (got {self.train_s_per_token})")
+        for name in ("share_decode_slowdown", "share_train_slowdown"):
+            if not getattr(self, name) >= 1.0:
+                bad.append(f"cost.{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("train_dp_devices", "micro_batch_size"):
             if getattr(self, name) < 1:
                 bad.append(f"cost.{name} must be >= 1 (got {getattr(self, name)})")

@@ -312,6 +312,16 @@ def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
     _take(d.get("prefill_s_per_token"), "prefill_s_per_token", "prefill_s_per_token", upd, notes, cost, path)
     _take(d.get("refresh_s"), "refresh_s", "refresh_s", upd, notes, cost, path)
     _take(d.get("trainer_s_per_token"), "train_s_per_token", "trainer_s_per_token", upd, notes, cost, path)
+    share = d.get("core_sharing") or {}
+    if not isinstance(share, dict):
+        raise UserError(f"{path}: core_sharing must be an object")
+    pairs = (("decode_slowdown", "share_decode_slowdown"), ("train_slowdown", "share_train_slowdown"))
+    for key, attr in pairs:
+        if share.get(key) is not None:
+            try:
+                upd[attr] = check_float(f"{path}: core_sharing.{key}", share[key], 1.0, 1e3)
+            except InvalidValue as exc:
+                raise UserError(str(exc)) from None
     return replace(cost, **upd), notes
 
 

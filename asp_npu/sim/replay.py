@@ -259,8 +259,7 @@ def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
     (`core.modes.instances_on`) and trains on them. A disaggregated one gets the trainer the
     controller placed (`Controller._place`): `num_threads` per rank, or (cores - rollout cores) //
     ranks, at least one core per rank. When rollout and trainer do not fit in the cores they share
-    them (oversubscribed); the simulator cannot model that sharing, so it is only in the trainer cost
-    when that cost is measured in the run itself.
+    them (oversubscribed); a calibration's core-sharing slowdowns model that (`sim.contention`).
     """
     if sim_mode not in SIM_SPECS:
         raise UserError(f"unknown simulator mode '{sim_mode}'")

@@ -13,6 +13,8 @@ from asp_npu.core.modes import sim_mode
 from asp_npu.data.traces import SynthParams, read_trace, synth_trace
 from asp_npu.errors import UserError
 from asp_npu.observe.bubbles import account
+from asp_npu.sim.contention import simulate_shared
+from asp_npu.sim.cost import SimCost
 from asp_npu.sim.engine import RunResult, RunSpec, Simulation, UnitSource
 from asp_npu.sim.limit import limit
 from asp_npu.sim.modes import (
@@ -87,10 +89,17 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     """Simulate one mode on a given device layout."""
     t0 = time.perf_counter()
     spec = run_spec(mode, preset, workload, layout)
-    units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
-    res = Simulation(spec, workload, preset.cost, units_for, on_done, n_windows).run()
+
+    def once(cost: SimCost) -> RunResult:
+        units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
+        return Simulation(spec, workload, cost, units_for, on_done, n_windows).run()
+
+    res, sharing = simulate_shared(preset.cost, spec.colocated, once,
+                                   lambda r: float(np.diff(np.r_[0.0, r.iteration_ends]).mean()))
     elapsed = time.perf_counter() - t0
     out = metrics(res, workload)
+    if sharing["applied"]:
+        out["core_sharing"] = sharing
     bound = limit(preset, workload, spec.colocated, spec.barrier)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
     out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s

@@ -37,3 +37,23 @@ def test_cli_rejects_bad_arguments_before_any_engine_starts(tmp_path, capsys):
     assert cli_main(["calibrate", "--config", str(cfg), "--out", str(tmp_path / "c.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_trainer_calibration_batch_has_the_config_minibatch_shape(tiny_model_dir):
+    """One minibatch of whole groups, the config's prompts, answers spread over 1..max_tokens."""
+    from asp_npu.config import load_config
+    from asp_npu.trainer.calibrate import batch_tokens, calibration_batch
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "rl_config.mini_batch_size=16",
+                             "rl_config.n_samples_per_prompt=4",
+                             "generate_config.sampling_config.max_tokens=40"])
+    b = calibration_batch(cfg)
+    assert b.num_samples == 16 and b.group_size == 4
+    ids = [t.prompt_id for t in b.trajectories]
+    assert all(len(set(ids[g * 4:(g + 1) * 4])) == 1 for g in range(4)) and len(set(ids)) == 4
+    lens = sorted(t.response_len for t in b.trajectories)
+    assert lens[0] == 1 and lens[-1] == 40 and all(len(t.logprobs) == t.response_len for t in b.trajectories)
+    assert all(len(t.prompt_token_ids) <= cfg.rl_config.max_prompt_length for t in b.trajectories)
+    assert batch_tokens(b) == sum(len(t.prompt_token_ids) + t.response_len for t in b.trajectories)
+    assert [t.response_token_ids for t in calibration_batch(cfg).trajectories] == [
+        t.response_token_ids for t in b.trajectories]  # the same batch every time

@@ -290,3 +290,19 @@ def test_sim_vs_real_script_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
     # a calibrated trainer cost wins over the run's own
     assert mod.main(["--run-dir", str(out), "--calib", str(_calib(calib, 0.123)), "--json", str(js)]) == 0
     assert json.loads(js.read_text())["runs"][0]["costs"]["train_s_per_token"] == pytest.approx(0.123)
+    # a full calibration (`--run-costs none`): the colocated trainer for mindspeed-sync, core sharing
+    # for the asynchronous mode only
+    full = _calib(tmp_path / "full.json", 0.01)
+    extra = {"trainer_s_per_token_colocated": 0.05,
+             "core_sharing": {"decode_slowdown": 2.0, "train_slowdown": 3.0}}
+    full.write_text(json.dumps(json.loads(full.read_text()) | extra))
+    argv = ["--run-dir", str(out), "--calib", str(full), "--json", str(js), "--run-costs", "none"]
+    assert mod.main(argv) == 0
+    rows = {r["mode"]: r for r in json.loads(js.read_text())["runs"]}
+    assert rows["mindspeed-sync"]["costs"]["train_s_per_token"] == pytest.approx(0.05)
+    assert rows["mindspeed-sync"]["cost_sources"]["train_s_per_token"].startswith("calib (colocated")
+    assert not rows["mindspeed-sync"]["simulated"]["core_sharing"]["applied"]
+    assert rows["async-fifo"]["costs"]["train_s_per_token"] == pytest.approx(0.01)
+    sh = rows["async-fifo"]["simulated"]["core_sharing"]
+    assert sh["applied"] and sh["decode_slowdown"] == 2.0 and sh["train_slowdown"] == 3.0
+    assert "core sharing: decode x2.00, trainer x3.00" in capsys.readouterr().out

@@ -1,0 +1,104 @@
+"""Measure the trainer for the simulator (`asp-npu calibrate`): wall seconds per token of `train_step`.
+
+Why: the simulator's trainer cost (`train_s_per_token`, device-seconds per sequence token) must come
+from this machine's megatron trainer at the run's shape, not from a guess or from the run it is
+asked to predict. The batch is one minibatch of the config: `rl_config.mini_batch_size` samples in
+groups of `n_samples_per_prompt`, the config's own prompts (tokenized as the controller does),
+responses of random token ids with lengths spread evenly over 1..`max_tokens` (a fixed seed: the
+same batch every time), so `use_dynamic_bsz` / `micro_batch_size` split it as in a run. The group
+is the real `TrainerGroup` (Ray actors, gloo), placed where the run places it; a step is timed on
+the driver around `train_step`, as the pipeline's `timing/update` is.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from typing import Any
+
+from asp_npu.config import Config
+from asp_npu.types import TrainBatch, Trajectory
+
+
+def calibration_batch(cfg: Config, seed: int = 0) -> TrainBatch:
+    """One minibatch of the config's shape (see the module docstring)."""
+    from transformers import AutoTokenizer
+
+    from asp_npu.data.datasets import config_prompts, encode_prompt
+
+    rl, gen = cfg.rl_config, cfg.generate_config
+    n = rl.n_samples_per_prompt
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    prompts = config_prompts(cfg.data)
+    rng = random.Random(seed)
+    vocab = len(tok)
+    lo = min(16, vocab - 1)
+    max_tokens = gen.sampling_config.max_tokens
+    groups = rl.mini_batch_size // n
+    total = groups * n
+    lengths = [1 + i * (max_tokens - 1) // max(1, total - 1) for i in range(total)]
+    rng.shuffle(lengths)  # a run's minibatch mixes long and short answers
+    trajs = []
+    for g in range(groups):
+        ids = encode_prompt(prompts[g % len(prompts)], tok)[: rl.max_prompt_length]
+        for k in range(n):
+            length = lengths[g * n + k]
+            trajs.append(
+                Trajectory(
+                    prompt_id=f"calib-{g}",
+                    sample_idx=k,
+                    prompt_token_ids=list(ids),
+                    response_token_ids=[rng.randrange(lo, vocab) for _ in range(length)],
+                    logprobs=[-rng.uniform(0.5, 3.0) for _ in range(length)],
+                    finish_reason="length",
+                    reward=float(rng.random() < 0.5),
+                    policy_version=0,
+                )
+            )
+    return TrainBatch(trajs, n)
+
+
+def batch_tokens(batch: TrainBatch) -> int:
+    return sum(len(t.prompt_token_ids) + t.response_len for t in batch.trajectories)
+
+
+def timed_steps(group: Any, batch: TrainBatch, steps: int) -> list[float]:
+    """Wall seconds of `steps` consecutive `train_step` calls (each stamped with the group's version)."""
+    out = []
+    for _ in range(steps):
+        for t in batch.trajectories:
+            t.policy_version = group.version
+        t0 = time.perf_counter()
+        group.train_step(batch)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class BackgroundTrainer:
+    """Trainer steps back to back in a thread (the load a rollout engine shares its cores with)."""
+
+    def __init__(self, group: Any, batch: TrainBatch) -> None:
+        self.group, self.batch = group, batch
+        self.stop = threading.Event()
+        self.steps = 0
+        self.thread = threading.Thread(target=self._loop, name="calib-trainer", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            timed_steps(self.group, self.batch, 1)
+            self.steps += 1
+
+    def __enter__(self) -> BackgroundTrainer:
+        self.thread.start()
+        time.sleep(0.5)  # the first step has started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def s_per_token(step_s: list[float], tokens: int) -> float:
+    return statistics.median(step_s) / tokens
