@@ -73,7 +73,8 @@ def test_a_train_runs_console_has_only_progress_and_each_actor_has_its_log(tmp_p
         env={**env, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=600)
     console = done.stdout + done.stderr
     assert done.returncode == 0, console
-    noise = [line for line in console.splitlines() if NOISE.search(line)]
+    # the project's own one-line notices (e.g. which weight path runs) may name vLLM; nothing else may
+    noise = [line for line in console.splitlines() if NOISE.search(line) and not line.startswith("asp-npu: ")]
     assert not noise, noise
     assert "step" in console  # the progress line
     logs = run / "logs"
