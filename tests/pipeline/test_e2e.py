@@ -29,18 +29,22 @@ OVERRIDES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
+def bench_real(root: Path, flags: list[str], overrides: list[str]) -> tuple[dict, Path]:
+    """`asp-npu bench real` of 2 iterations on a fresh tiny model under `root`: (its --json, runs folder)."""
     from asp_npu.data.init_model import build_model_dir
 
-    root = tmp_path_factory.mktemp("e2e")
     model = build_model_dir(root / "tiny", "tiny", seed=0)
     out = root / "bench.json"
-    rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", "--modes", "asp,mindspeed-sync",
-                   "--iterations", "2", "--out-dir", str(root / "runs"), "--json", str(out),
-                   f"model.path={model}", *OVERRIDES, "generate_config.num_instances=1"])
+    rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", *flags, "--iterations", "2",
+                   "--out-dir", str(root / "runs"), "--json", str(out), f"model.path={model}", *overrides])
     assert rc == 0
     return json.loads(out.read_text()), root / "runs"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    return bench_real(tmp_path_factory.mktemp("e2e"), ["--modes", "asp,mindspeed-sync"],
+                      [*OVERRIDES, "generate_config.num_instances=1"])
 
 
 def _planned(run: Path) -> list[tuple[str, int]]:

@@ -10,12 +10,11 @@ span weight versions.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from asp_npu.cli import main as cli_main
 from asp_npu.core import run_dir as rd
+from tests.pipeline.test_e2e import _planned, bench_real
 
 pytestmark = pytest.mark.slow
 
@@ -30,25 +29,8 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from asp_npu.data.init_model import build_model_dir
-
-    root = tmp_path_factory.mktemp("e2e_partial")
-    model = build_model_dir(root / "tiny", "tiny", seed=0)
-    out = root / "bench.json"
-    rc = cli_main(["bench", "real", "--config", "configs/cpu_tiny.yaml", "--modes", "asp",
-                   "--partial-rollout", "--iterations", "2", "--out-dir", str(root / "runs"),
-                   "--json", str(out), f"model.path={model}", *OVERRIDES])
-    assert rc == 0
-    return json.loads(out.read_text()), root / "runs"
-
-
-def _planned(run: Path) -> list[tuple[str, int]]:
-    out = []
-    for plan in sorted((run / rd.PLANS).glob("*.json")):
-        for inst in json.loads(plan.read_text())["instances"]:
-            for unit in inst["units"]:
-                out += [(s["prompt_id"], s["sample_idx"]) for s in unit["samples"]]
-    return out
+    return bench_real(tmp_path_factory.mktemp("e2e_partial"), ["--modes", "asp", "--partial-rollout"],
+                      OVERRIDES)
 
 
 @pytest.mark.parametrize("name", ["asp", "asp+partial"])
