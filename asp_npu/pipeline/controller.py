@@ -45,6 +45,7 @@ WAIT_S = 1.0  # longest block between events (and between looks at `stop_signal`
 
 __all__ = ["Controller", "window_stream"]
 
+
 class Controller:
     """Owns the parts of one run; `run()` trains `trainer.train_iters` iterations and returns the summary."""
 
