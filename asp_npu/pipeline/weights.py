@@ -128,8 +128,11 @@ class TransferEngineWeights:
     all of them move to the published version together (one transfer in flight).
 
     The push runs as Ray calls on the trainer ranks (`push_weights_to_rollout`): `pending()` hands the
-    controller those refs to wait on like any load, and the trainer actors run them in submission order,
-    between the step that produced the weights and the next one (the pushed version is the published one).
+    controller those refs to wait on like any load, and the trainer actors run them in submission order.
+    A push sends the trainer's weights as they are when it runs: one issued while a step is running
+    (after a loss, or behind a push in flight) carries that step's newer version, and each instance is
+    recorded at the version its report names, so the next push is not a repeat of it (a sender refuses
+    to send one version twice over the same group).
 
     A process group cannot lose or take in a member, so instance recovery re-forms it: a lost instance
     leaves the membership and its replacement re-enters it when it is up (`lost` / `replaced`); the
@@ -216,8 +219,9 @@ class TransferEngineWeights:
             if i in self.out:
                 continue  # lost while the push ran: its load is void
             load = max(0.0, float(rep["total_s"]) - float(rep["drain_s"]))
-            done.append(Refreshed(i, version, t_end, load, {**rep, "send_s": out.get("send_s", 0.0)}))
-            self.held[i] = version
+            sent = int(rep["version"])  # the trainer's version when the push ran (>= `version`)
+            done.append(Refreshed(i, sent, t_end, load, {**rep, "send_s": out.get("send_s", 0.0)}))
+            self.held[i] = sent
         self.refresh()  # a replacement that came up meanwhile is still behind
         return done
 

@@ -23,10 +23,17 @@ pytestmark = pytest.mark.slow
 
 
 class Rank0:
-    """Trainer rank 0 as the driver sees it: `call("push_weights_to_rollout", link, send)`."""
+    """Trainer rank 0 as the driver sees it: `call("push_weights_to_rollout", link, send)`. Like the real
+    one it sends its own version (its step count when the push runs) and refuses to send a version twice
+    over the same group (`CollectiveTransport.send`)."""
 
     def __init__(self) -> None:
         self.links: list[tuple[str, tuple[int, ...]]] = []
+        self.version = 0
+        self.sent: dict[str, int] = {}  # link key -> last version sent over it
+
+    def step(self) -> None:
+        self.version += 1
 
     def call(self, method: str, link, send: bool = True) -> dict:
         import ray
@@ -43,8 +50,14 @@ class Rank0:
             except ray.exceptions.RayActorError:
                 raise WeightSyncError(f"weight_refresh: rollout instance {link.ids[k] if link.ids else k} "
                                       "(weight-group rank 1) died during start_weight_update") from None
-        reports = [{"instance": i, "version": 0, "total_s": 0.01, "drain_s": 0.0} for i in link.ids or
-                   range(len(link.instances))]
+        if send:
+            last = self.sent.get(link.key)
+            if last is not None and self.version <= last:
+                raise WeightSyncError(f"weight_refresh: received version {self.version} after version "
+                                      f"{last}; versions must increase")
+            self.sent[link.key] = self.version
+        reports = [{"instance": i, "version": self.version, "total_s": 0.01, "drain_s": 0.0}
+                   for i in link.ids or range(len(link.instances))]
         return {"connect_s": 0.001 if formed else 0.0, "formed": formed, "send_s": 0.0,
                 "instances": reports if send else []}
 
@@ -81,6 +94,13 @@ def ray_local():
     ray.shutdown()
 
 
+def _publish(ray, rank0, w: TransferEngineWeights, version: int) -> None:
+    """The controller after a trainer step: the trainer holds `version`; publish it and refresh."""
+    ray.get(rank0.step.remote())
+    w.publish(w.gather(), version)
+    w.refresh()
+
+
 def _settle(w: TransferEngineWeights, timeout: float = 60.0) -> list:
     """Poll until no push is in flight; every Refreshed seen."""
     out, deadline = [], time.monotonic() + timeout
@@ -99,14 +119,12 @@ def test_a_lost_instance_leaves_the_group_and_its_replacement_rejoins(ray_local)
     (first,) = ray.get(rank0.seen.remote())
     assert first[1] == ()  # the group formed at start: every instance, numbered by position
 
-    w.publish(w.gather(), 1)
-    w.refresh()
+    _publish(ray, rank0, w, 1)
     assert {r.instance for r in _settle(w)} == {0, 1, 2} and w.held == [1, 1, 1]
 
     ray.kill(instances[1], no_restart=True)
     w.lost(1)
-    w.publish(w.gather(), 2)
-    w.refresh()
+    _publish(ray, rank0, w, 2)
     assert {r.instance for r in _settle(w)} == {0, 2} and w.held == [2, 1, 2]
     key, ids = ray.get(rank0.seen.remote())[-1]
     assert ids == (0, 2) and key != first[0]  # a new group over the survivors
@@ -118,8 +136,7 @@ def test_a_lost_instance_leaves_the_group_and_its_replacement_rejoins(ray_local)
     assert ray.get(rank0.seen.remote())[-1][1] == (0, 1, 2)
     assert [g["members"] for g in w.describe()["regroups"]] == [[0, 2], [0, 1, 2]]
 
-    w.publish(w.gather(), 3)
-    w.refresh()
+    _publish(ray, rank0, w, 3)
     _settle(w)
     assert len(ray.get(rank0.seen.remote())) == 3  # membership unchanged: the group is reused
 
@@ -130,8 +147,7 @@ def test_a_push_broken_by_a_dead_member_goes_to_recovery_and_is_repeated(ray_loc
     instances = [ray.remote(Instance).remote() for _ in range(2)]
     w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
     ray.kill(instances[0], no_restart=True)  # dies before the fleet's health check noticed
-    w.publish(w.gather(), 1)
-    w.refresh()
+    _publish(ray, rank0, w, 1)
     deadline = time.monotonic() + 60
     with pytest.raises(ActorLost) as lost:
         while time.monotonic() < deadline:
@@ -158,3 +174,29 @@ def test_a_dead_trainer_is_one_line(ray_local):
             w.poll()
             time.sleep(0.01)
     assert "\n" not in str(err.value) and "the trainer (weight-group rank 0) is gone" in str(err.value)
+
+
+def test_a_push_that_runs_after_the_next_step_records_the_version_it_sent(ray_local):
+    """The chaos test's race: a push breaks on a dead member, and its repeat over the survivor reaches the
+    trainer after its next step, so it sends that step's weights. The survivor is recorded at the version
+    it got, and publishing that version starts no second push of it (the real sender refuses one version
+    twice over one group: "received version 2 after version 2")."""
+    ray = ray_local
+    rank0 = ray.remote(Rank0).remote()
+    instances = [ray.remote(Instance).remote() for _ in range(2)]
+    w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
+    ray.kill(instances[0], no_restart=True)
+    _publish(ray, rank0, w, 1)
+    deadline = time.monotonic() + 60
+    with pytest.raises(ActorLost):
+        while time.monotonic() < deadline:
+            w.poll()
+            time.sleep(0.01)
+    ray.get(rank0.step.remote())  # the controller's next step runs before the repeated push
+    w.lost(0)
+    assert [(r.instance, r.version) for r in _settle(w)] == [(1, 2)] and w.held == [0, 2]
+    w.publish(w.gather(), 2)  # the controller publishes step 2 once it returns
+    w.refresh()
+    assert not w.pending() and _settle(w) == []
+    _publish(ray, rank0, w, 3)
+    assert [(r.instance, r.version) for r in _settle(w)] == [(1, 3)] and w.held == [0, 3]
