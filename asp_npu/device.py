@@ -54,11 +54,15 @@ class DeviceSpec:
     ray_resource: str | None  # custom Ray resource per device (None on CPU: use num_cpus)
     visible_devices_env: str | None  # env var that pins a process to its devices
     torch_device: str
+    # context parallelism: asp-npu's all-gather core attention (megatron-core's local attention refuses
+    # CP without Transformer Engine), or False where the stack attends across CP chunks itself
+    # (MindSpeed's adaptor on Ascend: ring attention over the same 2 x CP chunks, flash-attention memory)
+    cp_gather_attention: bool = True
 
 
 SPECS: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("cpu", "gloo", None, None, "cpu"),
-    "npu": DeviceSpec("npu", "hccl", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "npu"),
+    "npu": DeviceSpec("npu", "hccl", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "npu", cp_gather_attention=False),
     "cuda": DeviceSpec("cuda", "nccl", "GPU", "CUDA_VISIBLE_DEVICES", "cuda"),
 }
 

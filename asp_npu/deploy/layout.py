@@ -23,7 +23,7 @@ from asp_npu.deploy.memory import (
     trainer_memory,
     trainer_resident_gib,
 )
-from asp_npu.trainer.parallel import CP_NOT_WIRED, stage_problems
+from asp_npu.trainer.parallel import stage_problems
 
 __all__ = [
     "COLOCATED_MODES",
@@ -389,8 +389,6 @@ def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None)
         lay.warnings.append(
             f"{lay.mode}: rollout uses {rollout} NPUs and training {trainer}; the rest idle in one phase"
         )
-    if act.context_parallel_size > 1:  # sized below, but a run would be refused: check says so too
-        lay.problems.append(f"{CP_NOT_WIRED} (memory sized below)")
     return lay
 
 

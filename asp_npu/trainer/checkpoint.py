@@ -152,13 +152,18 @@ def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> 
         if not done:
             atomic_write_json(it / TRAINER_META, {
                 "schema": SCHEMA, "iteration": it.name, "step": worker.step,
-                "policy_version": worker.version, "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp},
+                "policy_version": worker.version, "layout": layout_meta(lay),
                 "model_path": str(worker.model_path),
                 "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer)})
         if commit:
             commit_checkpoint(root, it)
     dist.barrier()
     return it
+
+
+def layout_meta(lay: Any) -> dict[str, int]:
+    """The parallel layout a checkpoint records (RNG states are only restored into the same one)."""
+    return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp}
 
 
 def commit_checkpoint(root: str | Path, iteration: str | Path, **extra: Any) -> Path:
@@ -204,7 +209,7 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
 
 
 def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
-    """Restore model, optimizer, step and version into `worker` (any TP/PP/DP layout); RNG states
+    """Restore model, optimizer, step and version into `worker` (any TP/PP/CP/DP layout); RNG states
     too when the layout is the one the checkpoint was written with."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
@@ -220,8 +225,7 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
     worker.module.load_state_dict(state["model"], strict=True)
     worker.optimizer.load_state_dict(state["optimizer"])
     _unshare_steps(worker.optimizer)
-    lay = worker.layout
-    if meta["layout"] == {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}:
+    if {"cp": 1, **meta["layout"]} == layout_meta(worker.layout):  # checkpoints before CP lack "cp"
         _set_rng_state(torch.load(it / f"rng_rank{dist.get_rank()}.pt", weights_only=False))
     worker.step = int(meta["step"])
     worker.version = int(meta["policy_version"])

@@ -79,11 +79,13 @@ _FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "ran
 
 
 def _cpu_factory(fn: Any) -> Any:
-    """Wrap a torch factory so `device="cuda"` (megatron's literals) lands on the CPU."""
+    """Wrap a torch factory so `device="cuda"` (megatron's literals) lands on the CPU, and its
+    `pin_memory=True` (staging for a host-to-device copy that does not happen here) is dropped."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        kwargs.pop("pin_memory", None)
         return fn(*args, **kwargs)
 
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]

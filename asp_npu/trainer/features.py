@@ -1,4 +1,4 @@
-"""The actor's megatron training features: sequence parallelism and activation recomputation.
+"""The actor's megatron training features: sequence and context parallelism, activation recomputation.
 
 MindSpeed-RL's `actor_config` keys (`sequence_parallel`, `recompute_granularity`, `recompute_method`,
 `recompute_num_layers`) map one to one onto megatron's TransformerConfig. Under sequence parallelism
@@ -6,7 +6,8 @@ norm weights see only this TP rank's slice of the sequence, so their gradients m
 TP: megatron's `finalize_model_grads` does that for parameters marked `sequence_parallel`. Megatron's
 plain-torch norm (`WrappedTorchNorm`, the local spec's norm when neither Transformer Engine nor apex
 is installed) refuses sequence parallelism for want of that mark; `SequenceParallelNorm` is the same
-torch norm with the mark, swapped into the layer spec only when sequence parallelism is on.
+torch norm with the mark, swapped into the layer spec only when sequence parallelism is on. Context
+parallelism swaps the local core attention for `context_parallel.ContextParallelAttention` the same way.
 """
 
 from __future__ import annotations
@@ -60,33 +61,43 @@ class SequenceParallelNorm:
         return norm
 
 
-def _swap_norms(node: Any) -> Any:
+def swap_module(node: Any, old: type, new: Any) -> Any:
+    """A copy of a megatron ModuleSpec tree with every `old` module class replaced by `new`."""
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    if node is WrappedTorchNorm:
-        return SequenceParallelNorm
+    if node is old:
+        return new
     if isinstance(node, ModuleSpec):
-        return dataclasses.replace(node, module=_swap_norms(node.module),
-                                   submodules=_swap_norms(node.submodules))
+        return dataclasses.replace(node, module=swap_module(node.module, old, new),
+                                   submodules=swap_module(node.submodules, old, new))
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return dataclasses.replace(node, **{f.name: _swap_norms(getattr(node, f.name))
+        return dataclasses.replace(node, **{f.name: swap_module(getattr(node, f.name), old, new)
                                             for f in dataclasses.fields(node) if f.init})
     if isinstance(node, list | tuple):
-        return type(node)(_swap_norms(x) for x in node)
+        return type(node)(swap_module(x, old, new) for x in node)
     return node
 
 
-def block_spec(layer_spec: Any, config: Any) -> Any:
-    """The transformer block spec for `layer_spec`: unchanged without sequence parallelism; with it,
-    every plain-torch norm (layer norms, q/k norms, the final norm) swapped for `SequenceParallelNorm`."""
+def block_spec(layer_spec: Any, config: Any, cp_gather_attention: bool = True) -> Any:
+    """The transformer block spec for `layer_spec`: with context parallelism the core attention is
+    `ContextParallelAttention` (unless the device stack attends across CP chunks itself:
+    `device.DeviceSpec.cp_gather_attention`); with sequence parallelism every plain-torch norm (layer
+    norms, q/k norms, the final norm) is `SequenceParallelNorm`; otherwise `layer_spec` unchanged."""
+    layer = layer_spec
+    if config.context_parallel_size > 1 and cp_gather_attention:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        from asp_npu.trainer.context_parallel import ContextParallelAttention
+
+        layer = swap_module(layer, DotProductAttention, ContextParallelAttention)
     if not config.sequence_parallel:
-        return layer_spec
+        return layer
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
 
-    layer = _swap_norms(layer_spec)
+    layer = swap_module(layer, WrappedTorchNorm, SequenceParallelNorm)
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config),
                                       layer_norm=SequenceParallelNorm)

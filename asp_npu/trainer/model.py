@@ -100,20 +100,22 @@ def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
 
 
 def build_model(dims: ModelDims, layout: Layout, dtype: str = "float32",
-                overrides: dict[str, Any] | None = None) -> Any:
-    """This rank's pipeline stage of the GPTModel (parallel state must be initialised)."""
+                overrides: dict[str, Any] | None = None, cp_gather_attention: bool = True) -> Any:
+    """This rank's pipeline stage of the GPTModel (parallel state must be initialised).
+
+    `cp_gather_attention`: context parallelism through asp-npu's core attention (`features.block_spec`)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from asp_npu.trainer.features import block_spec  # sequence parallelism: TP-summed norm gradients
+    from asp_npu.trainer.features import block_spec  # sequence / context parallel modules
 
     config = transformer_config(dims, layout, dtype, overrides)
     spec = get_gpt_layer_local_spec(num_experts=dims.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=dims.qk_norm, normalization="RMSNorm")
     return GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(spec, config),
+        transformer_layer_spec=block_spec(spec, config, cp_gather_attention),
         vocab_size=padded_vocab_size(dims.vocab_size, layout.tp),
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

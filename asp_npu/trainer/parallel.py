@@ -225,18 +225,8 @@ def check_layout(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | N
     return Layout(tp, pp, dp, ep, etp, cp, tuple(stages))
 
 
-CP_NOT_WIRED = (
-    "actor_config.context_parallel_size: the trainer passes CP to megatron-core but does not yet split "
-    "each micro-batch along the sequence over the CP ranks (megatron's get_batch_on_this_cp_rank) nor "
-    "gather their log-probs, so a CP run would train on wrong tokens; `asp-npu check` sizes CP, runs "
-    "need context_parallel_size 1 for now"
-)
-
-
 def actor_layout(dims: ModelDims, act: Any, world_size: int | None = None) -> Layout:
     """The validated Layout of an `actor_config` (every parallel size and the pipeline stages)."""
-    if act.context_parallel_size > 1:
-        raise ConfigError(CP_NOT_WIRED)
     return check_layout(dims, act.tensor_model_parallel_size, act.pipeline_model_parallel_size,
                         act.data_parallel_size, world_size, act.expert_model_parallel_size,
                         expert_tp_of(act), act.context_parallel_size, tuple(act.num_layer_list))

@@ -186,6 +186,7 @@ class TrainerWorker:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from asp_npu import device
         from asp_npu.trainer.convert import load_hf_into_model, read_hf_state
         from asp_npu.trainer.model import DTYPES, build_model
         from asp_npu.trainer.offload import Offloader
@@ -194,12 +195,17 @@ class TrainerWorker:
         hf = read_hf_state(self.model_path)
         dtype = self.cfg.model.dtype
         overrides = {**overrides, **megatron_features(act)}
-        self.module = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
-        load_hf_into_model(self.module, hf, self.dims, self.layout)
+        cp_gather = device.spec(self.kind).cp_gather_attention
+
+        def loaded_model(state: Any) -> Any:
+            model = build_model(self.dims, self.layout, dtype, overrides, cp_gather).to(self.torch_device)
+            load_hf_into_model(model, state, self.dims, self.layout)
+            return model
+
+        self.module = loaded_model(hf)
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
-            self.ref_model = build_model(self.dims, self.layout, dtype, overrides).to(self.torch_device)
-            load_hf_into_model(self.ref_model, hf, self.dims, self.layout)
+            self.ref_model = loaded_model(hf)
             self.ref_model.eval().requires_grad_(False)
         del hf
         # fp32 gradient buffers whatever the weights' dtype; summed (not averaged) over DP because the
@@ -366,11 +372,16 @@ class TrainerWorker:
         ps = self._ps()
         mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
         act = self.cfg.actor_config
+        cp = self.layout.cp
         mbs = make_micro_batches(mine, act.micro_batch_size,
                                  act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
-                                 self.layout.tp if act.sequence_parallel else 1)
+                                 (self.layout.tp if act.sequence_parallel else 1) * (2 * cp if cp > 1 else 1))
         if self.dims.num_experts:  # one shape: allgather dispatch over EP, and fixed p2p shapes for PP
             mbs = self._same_shape_over_dp(mbs)
+        if cp > 1:  # each context-parallel rank keeps its two chunks of every sequence
+            from asp_npu.trainer.context_parallel import split_micro_batch
+
+            mbs = [split_micro_batch(mb, cp, ps.get_context_parallel_rank()) for mb in mbs]
         return [{k: v.to(self.torch_device) for k, v in mb.items()} for mb in mbs]
 
     def _same_shape_over_dp(self, mbs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
@@ -543,6 +554,7 @@ class TrainerWorker:
         """Current-policy logprobs of every trajectory's response tokens (same order as the batch)."""
         import torch.distributed as dist
 
+        ps = self._ps()
         samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids),
                           0.0, [0.0] * len(t.response_token_ids))
                    for i, t in enumerate(batch.trajectories) if t.response_token_ids]
@@ -550,14 +562,18 @@ class TrainerWorker:
         self.model.eval()
         found: dict[int, list[float]] = {}
         if micro:
+            from asp_npu.trainer.context_parallel import gather_sequence
+
             for mb, logp in zip(micro, self._forward_logprobs(self.model, micro), strict=False):
+                logp = gather_sequence(logp)  # whole sequences again under context parallelism
                 for j, idx in enumerate(mb["index"].tolist()):
                     if idx < 0:  # a padding row (MoE with data parallelism)
                         continue
                     s = next(x for x in samples if x.index == idx)
                     found[idx] = logp[j, s.prompt_len - 1:s.length].tolist()
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, found if self._is_loss_rank() else {})
+        dist.all_gather_object(parts, found if self._is_loss_rank() and ps.get_context_parallel_rank() == 0
+                               else {})
         merged: dict[int, list[float]] = {}
         for p in parts:
             merged.update(p)
@@ -569,7 +585,8 @@ class TrainerWorker:
 
         ps = self._ps()
         tensors = megatron_stage_to_hf(self.module, self.dims)
-        if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+        if (ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+                and ps.get_context_parallel_rank() == 0):
             return HFWeights(self.version, to_numpy(tensors))
         return None
 

@@ -222,9 +222,9 @@ def test_context_parallel_and_swap_optimizer(tmp_path: Path, capsys: pytest.Capt
     assert act.context_parallel_size == 2 and act.offload_train_optimizer  # swap: off the NPU in rollout
     assert act.data_parallel_size == 16 // (4 * 2)  # TP4 x CP2 per data-parallel rank
     assert "not mapped: actor_config.context_parallel" not in printed
-    # sized, but the trainer does not split micro-batches over CP ranks yet: check refuses what a run would
-    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 2
-    assert "does not yet split each micro-batch" in capsys.readouterr().err
+    # the trainer splits each sequence over the CP ranks: check sizes it and passes
+    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0, capsys.readouterr().err
+    assert "context parallel" in capsys.readouterr().out
     asp = tmp_path / "asp.yaml"
     cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(asp), "--mode", "asp"])
     assert "not mapped: megatron_training.swap_optimizer: MindSpeed's swap_optimizer keeps" in (

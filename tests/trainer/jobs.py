@@ -99,19 +99,19 @@ def grpo_options(rank: int, world: int, port: int, model_dir: str) -> dict[str, 
 
 def _full_grads(worker: Any) -> dict[str, Any]:
     """The reduced (pre-clip) gradients in HF names and full shapes; the distributed optimizer's
-    reduce-scatter left each DP rank its own shard of every bucket, so the shards are gathered first."""
+    reduce-scatter left each DP x CP rank its own shard of every bucket, so the shards are gathered first."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     from asp_npu.trainer.convert import megatron_stage_to_hf
 
-    dp = ps.get_data_parallel_world_size()
+    dp = ps.get_data_parallel_world_size(with_context_parallel=True)  # megatron shards over DP x CP
     if worker.cfg.actor_config.use_distributed_optimizer and dp > 1:
         for buf in worker.model.buffers:
             for bucket in buf.buckets:
                 shards = list(bucket.grad_data.view(dp, -1).unbind(0))
-                mine = shards[ps.get_data_parallel_rank()].clone()
-                dist.all_gather(shards, mine, group=ps.get_data_parallel_group())
+                mine = shards[ps.get_data_parallel_rank(with_context_parallel=True)].clone()
+                dist.all_gather(shards, mine, group=ps.get_data_parallel_group(with_context_parallel=True))
     grads = {name: p.main_grad.detach().clone() for name, p in worker.module.named_parameters()}
     return {k: v.numpy() for k, v in megatron_stage_to_hf(worker.module, worker.dims, grads).items()}
 
@@ -142,20 +142,21 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
         losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
         out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
                      "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
-                     "core_attn_calls": calls[0]}
+                     "core_attn_calls": calls[0], "logprobs": w.compute_logprobs(make_batch(seed=99))}
     return out
 
 
 def reshard_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str,
-                   save_layout: tuple[int, int], load_layout: tuple[int, int],
+                   save_layout: tuple[int, ...], load_layout: tuple[int, ...],
                    dist_opt: bool) -> dict[str, Any]:
-    """Train at (tp, dp) `save_layout`, save, train on; a fresh trainer at `load_layout` loads the
+    """Train at (tp, dp[, cp]) `save_layout`, save, train on; a fresh trainer at `load_layout` loads the
     checkpoint and takes the same next two steps."""
     from asp_npu.trainer.worker import TrainerWorker
 
-    def worker(tp: int, dp: int) -> Any:
+    def worker(tp: int, dp: int, cp: int = 1) -> Any:
         cfg = trainer_config(Path(model_dir), tp=tp, dp=dp)
         cfg.actor_config.use_distributed_optimizer = dist_opt
+        cfg.actor_config.context_parallel_size = cp
         return TrainerWorker(cfg, rank, world, master_port=port)
 
     w = worker(*save_layout)

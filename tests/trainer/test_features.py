@@ -1,5 +1,6 @@
-"""Sequence parallel, recomputation and offload settings: refused up front when they cannot run,
-mapped one to one onto megatron's TransformerConfig otherwise; sequence-parallel padding."""
+"""Sequence/context parallel, recomputation and offload settings: refused up front when they cannot
+run, mapped one to one onto megatron's TransformerConfig otherwise; sequence-parallel padding, the
+context-parallel chunks and core attention."""
 
 from __future__ import annotations
 
@@ -74,3 +75,35 @@ def test_sequence_parallel_pads_micro_batches_to_a_multiple_of_tp():
             assert mb["mask"][j, n:].sum() == 0
     plain = make_micro_batches(samples, micro_batch_size=2)
     assert [mb["input_ids"].shape[1] for mb in plain] == [9, 4]
+
+
+def test_context_parallel_chunks_cover_each_sequence_once_and_balance_causal_work():
+    from asp_npu.trainer.context_parallel import chunk_positions, gathered_positions
+
+    for cp in (2, 3, 4):
+        local = 2 * 5
+        held = [chunk_positions(r, cp, local).tolist() for r in range(cp)]
+        assert sorted(p for h in held for p in h) == list(range(cp * local))
+        assert gathered_positions(cp, local).tolist() == [p for h in held for p in h]
+        work = [sum(p + 1 for p in h) for h in held]  # keys each rank's queries attend to (causal)
+        assert len(set(work)) == 1
+
+
+def test_context_parallel_swaps_the_core_attention_unless_the_device_stack_does_cp():
+    from types import SimpleNamespace
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from asp_npu.device import spec
+    from asp_npu.trainer.context_parallel import ContextParallelAttention
+    from asp_npu.trainer.features import block_spec
+
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    cp2 = SimpleNamespace(context_parallel_size=2, sequence_parallel=False)
+    core = block_spec(layer, cp2).submodules.self_attention.submodules.core_attention
+    assert core is ContextParallelAttention
+    native = block_spec(layer, cp2, spec("npu").cp_gather_attention)
+    assert native.submodules.self_attention.submodules.core_attention is DotProductAttention  # MindSpeed's
+    one = SimpleNamespace(context_parallel_size=1, sequence_parallel=False)
+    assert block_spec(layer, one) is layer and spec("cpu").cp_gather_attention
