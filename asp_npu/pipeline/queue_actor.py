@@ -223,9 +223,14 @@ def make_queue_actor(
     minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo",
     steps_per_version: int = 1, max_token_lag: int | None = None,
 ) -> Any:
-    """Start the queue actor (Ray must be initialised); it takes no CPU slot of the instances/trainer."""
+    """Start the queue actor (Ray must be initialised); it takes no CPU slot of the instances/trainer.
+    It lives on the driver's node: a zero-CPU actor would otherwise go to any node of a joined cluster,
+    and losing that node would lose the queue (ledger, queued groups) with it, where the run can only
+    lose that node's instances; the driver's node going down ends the run anyway."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    cls = ray.remote(QueueService).options(num_cpus=0, max_concurrency=1000)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    cls = ray.remote(QueueService).options(num_cpus=0, max_concurrency=1000, scheduling_strategy=here)
     return cls.remote(minibatch_groups, version_groups, max_lag, group_size, order, steps_per_version,
                       max_token_lag)
