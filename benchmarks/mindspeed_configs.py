@@ -40,7 +40,7 @@ def _import(src: Path, out: Path, mode: str) -> tuple[str, str]:
         return "ok", mode
     except UserError as exc:
         msg = str(exc)
-        m = re.search(r"--mode (\S+) fits", msg)
+        m = re.search(r"--mode (\S+) fits", msg) or re.search(r"use --mode (\S+)", msg)
         if m and m.group(1) != mode:
             status, used = _import(src, out, m.group(1))
             return (f"{status} (--mode {used}: asp split does not fit)", used)
@@ -85,7 +85,7 @@ def row(src: Path, mode: str) -> str:
         worst = max(trainer, key=lambda m: m.total_gib) if trainer else None
         verdict = "OK" if not lay.problems else "FAIL: " + "; ".join(lay.problems)
         arch = lay.arch.describe().split(" (")[0] + f" {lay.arch.model_type}" if lay.arch else "?"
-        cluster = f"{t.nnodes}x{t.n_devices_per_node} {t.card} ({used})"
+        cluster = f"{lay.nodes}x{lay.npus_per_node} {t.card or '910b'} ({used})"  # as check resolved it
         tr = f"{_fmt(worst.parts, TRAINER_PARTS)} = {worst.total_gib:.1f}" if worst else "-"
         ro = f"{_fmt(rollout[0].parts, ROLLOUT_PARTS)} = {rollout[0].total_gib:.1f}" if rollout else "-"
         return f"| {src.name} | {arch} | {cluster} | {status} | {verdict} | {tr} | {ro} |"

@@ -127,6 +127,9 @@ def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout
         card = card_for(card_name)
     except KeyError as exc:
         raise UserError(str(exc.args[0])) from None
+    npus_per_node = npus_per_node or card.npus_per_node  # 0 = the card's (trainer.n_devices_per_node)
+    if nodes < 1 or npus_per_node < 1:
+        raise UserError(f"a cluster needs >= 1 node and >= 1 NPU per node (got {nodes} x {npus_per_node})")
     as_if_built = copy.deepcopy(cfg)
     as_if_built.model.build_if_missing = True  # the model folder lives on the cluster, not necessarily here
     lay = plan_layout(cfg, nodes, npus_per_node, card)

@@ -520,7 +520,9 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             continue
         for key, value in _flatten(body, top):
             leaf = key.split(".")[-1]
-            if key in _IMPLIED_DEFAULTS:
+            if value is None:
+                tr.skip(key, "empty (null) in the file: left at asp-npu's default")
+            elif key in _IMPLIED_DEFAULTS:
                 if value == _IMPLIED_DEFAULTS[key]:
                     tr.mapped.append(key)
                 elif key == "rl_config.use_integrated_worker" or key == "rl_config.blocking":
@@ -901,7 +903,9 @@ def _as_config(out: dict[str, Any]) -> Config:
         merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(out))
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except Exception as exc:
-        raise UserError(f"translated config is not valid: {str(exc).splitlines()[0]}") from None
+        key = getattr(exc, "full_key", "") or ""
+        where = f" at {key}" if key else ""
+        raise UserError(f"translated config is not valid{where}: {str(exc).splitlines()[0]}") from None
 
 
 def render_yaml(tr: Translation, source: Path) -> str:

@@ -222,3 +222,13 @@ def test_check_prints_the_simulator_estimate_for_asp_and_mindspeed_sync(
         assert float(cols[1]) > 0 and float(cols[2].replace(",", "")) > 0  # iteration s, tokens/s
     assert "4 x TP1 + trainer 4 NPUs" in out and "8 x TP1 colocated on 8 NPUs" in out
     assert "asp / mindspeed-sync throughput:" in out
+
+
+def test_check_takes_the_cards_npus_per_node_for_zero_and_refuses_no_nodes() -> None:
+    from asp_npu.deploy.check import check
+    from asp_npu.errors import UserError
+
+    cfg = load_config(str(CONFIGS / "qwen25_7b_a2_1node.yaml"), check=False)
+    assert check(cfg, 1, 0, "910b").npus_per_node == card_for("910b").npus_per_node
+    with pytest.raises(UserError, match="a cluster needs >= 1 node"):
+        check(cfg, 0, 8, "910b")

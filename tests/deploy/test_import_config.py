@@ -229,3 +229,13 @@ def test_context_parallel_and_swap_optimizer(tmp_path: Path, capsys: pytest.Capt
     cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(asp), "--mode", "asp"])
     assert "not mapped: megatron_training.swap_optimizer: MindSpeed's swap_optimizer keeps" in (
         capsys.readouterr().out)
+
+
+def test_an_empty_value_is_named_unmapped_not_a_type_error(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    src = _variant(tmp_path, {}, {"tokenizer_name_or_path": None})
+    out = tmp_path / "o.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode", "asp"]) == 0
+    assert ("not mapped: megatron_training.tokenizer_name_or_path: empty (null) in the file: left at "
+            "asp-npu's default") in capsys.readouterr().out
+    assert load_config(str(out), check=False).model.path  # asp-npu's default model path
