@@ -3,11 +3,14 @@
 Usage: .venv/bin/python benchmarks/trainer_parity.py [--json]
 
 On the tests' tiny random Qwen2 model (2 layers, hidden 64, vocabulary 203), three GRPO steps each:
-- max |loss difference| and max |gradient difference| (every HF-named tensor, before each of the
-  3 optimizer steps) of DP=2 with the distributed optimizer vs DP=1, TP=2 with sequence parallelism
-  vs TP=1, and full (uniform / block) and selective recomputation vs none;
+- max |loss difference|, max |gradient difference| (every HF-named tensor, before each of the 3
+  optimizer steps) and max |logprob difference| (whole sequences after the steps) of DP=2 with the
+  distributed optimizer vs DP=1, TP=2 with sequence parallelism vs TP=1, context parallelism (CP=2,
+  CP=2 with the distributed optimizer, TP=2 + SP x CP=2 on 4 ranks) vs TP=1, and full (uniform /
+  block) and selective recomputation vs none;
 - per-rank allocated bytes of weights, gradients and optimizer state (`trainer.memory`);
-- a checkpoint saved at TP=2 x DP=1 and resumed at TP=1 x DP=2: the next two losses vs uninterrupted.
+- checkpoints saved at TP=2 x DP=1 resumed at TP=1 x DP=2, and at CP=2 resumed at TP=2: the next two
+  losses vs uninterrupted.
 """
 
 from __future__ import annotations
@@ -39,10 +42,24 @@ ONE_RANK = {
 TWO_RANKS = {
     "TP1 DP2 distopt": {"data_parallel_size": 2, "use_distributed_optimizer": True},
     "TP2 DP1 SP": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+    "CP2": {"context_parallel_size": 2},
+    "CP2 distopt": {"context_parallel_size": 2, "use_distributed_optimizer": True},
 }
-PAIRS = [("TP1 DP2 distopt", "TP1 DP1 distopt"), ("TP2 DP1 SP", "TP1 DP1"),
+FOUR_RANKS = {"TP2 SP x CP2": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                               "context_parallel_size": 2}}
+PAIRS = [("TP1 DP2 distopt", "TP1 DP1 distopt"), ("TP2 DP1 SP", "TP1 DP1"), ("CP2", "TP1 DP1"),
+         ("CP2 distopt", "TP1 DP1 distopt"), ("TP2 SP x CP2", "TP1 DP1"),
          ("recompute full uniform", "TP1 DP1"), ("recompute full block", "TP1 DP1"),
          ("recompute selective", "TP1 DP1")]
+
+
+def _resume(model: str, ckpt: str, save: tuple[int, ...], load: tuple[int, ...]) -> dict:
+    r = run_ranks(2, jobs.reshard_resume, model, ckpt, save, load, True, timeout=900)[0]
+    out = {"losses_uninterrupted": [m["loss"] for m in r["uninterrupted"]],
+           "losses_resumed": [m["loss"] for m in r["resumed"]]}
+    out["max_loss_diff"] = max(abs(x - y) for x, y in zip(out["losses_uninterrupted"], out["losses_resumed"],
+                                                          strict=True))
+    return out
 
 
 def main() -> int:
@@ -55,9 +72,10 @@ def main() -> int:
         model = str(make_hf_model(Path(tmp) / "hf", tied=True))
         one = run_ranks(1, jobs.training_parity, model, ONE_RANK, timeout=900)[0]
         two = run_ranks(2, jobs.training_parity, model, TWO_RANKS, timeout=900)
-        resume = run_ranks(2, jobs.reshard_resume, model, str(Path(tmp) / "ckpt"), (2, 1), (1, 2), True,
-                           timeout=900)[0]
-    runs = {**one, **two[0]}
+        four = run_ranks(4, jobs.training_parity, model, FOUR_RANKS, timeout=900)
+        resumed = {"tp2dp1_to_tp1dp2": _resume(model, str(Path(tmp) / "ckpt"), (2, 1), (1, 2)),
+                   "cp2_to_tp2": _resume(model, str(Path(tmp) / "ckpt_cp"), (1, 1, 2), (2, 1, 1))}
+    runs = {**one, **two[0], **four[0]}
     parity = []
     for name, ref in PAIRS:
         a, b = runs[name], runs[ref]
@@ -66,27 +84,25 @@ def main() -> int:
             "max_loss_diff": max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True)),
             "max_grad_diff": max(float(np.abs(ga[k] - gb[k]).max())
                                  for ga, gb in zip(a["grads"], b["grads"], strict=True) for k in ga),
+            "max_logprob_diff": max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"], strict=True)
+                                    for x, y in zip(la, lb, strict=True)),
             "losses": a["losses"]})
     memory = {"TP1 DP1": [one["TP1 DP1"]["bytes"]], "TP1 DP1 distopt": [one["TP1 DP1 distopt"]["bytes"]],
-              "TP1 DP2 distopt": [r["TP1 DP2 distopt"]["bytes"] for r in two],
-              "TP2 DP1 SP": [r["TP2 DP1 SP"]["bytes"] for r in two]}
-    resumed = {"losses_uninterrupted": [m["loss"] for m in resume["uninterrupted"]],
-               "losses_resumed": [m["loss"] for m in resume["resumed"]]}
-    resumed["max_loss_diff"] = max(abs(x - y) for x, y in zip(resumed["losses_uninterrupted"],
-                                                               resumed["losses_resumed"], strict=True))
-    out = {"parity": parity, "allocated_bytes_per_rank": memory, "reshard_resume_tp2dp1_to_tp1dp2": resumed}
+              **{k: [r[k]["bytes"] for r in two] for k in TWO_RANKS}}
+    out = {"parity": parity, "allocated_bytes_per_rank": memory, "reshard_resume": resumed}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{'setup':<24} {'vs':<16} {'max |dloss|':>12} {'max |dgrad|':>12}")
+    print(f"{'setup':<24} {'vs':<16} {'max |dloss|':>12} {'max |dgrad|':>12} {'max |dlogp|':>12}")
     for p in parity:
-        dl, dg = p["max_loss_diff"], p["max_grad_diff"]
-        print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e}")
+        dl, dg, dp = p["max_loss_diff"], p["max_grad_diff"], p["max_logprob_diff"]
+        print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
     print("\nallocated bytes per rank (weights / grads / optimizer state):")
     for k, v in memory.items():
         print(f"{k:<24} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}" for b in v))
-    print(f"\ncheckpoint TP2xDP1 -> TP1xDP2: next two losses {resumed['losses_resumed']} vs uninterrupted "
-          f"{resumed['losses_uninterrupted']}: max |dloss| {resumed['max_loss_diff']:.2e}")
+    for name, r in resumed.items():
+        print(f"\ncheckpoint {name}: next two losses {r['losses_resumed']} vs uninterrupted "
+              f"{r['losses_uninterrupted']}: max |dloss| {r['max_loss_diff']:.2e}")
     return 0
 
 
