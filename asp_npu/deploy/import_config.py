@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -495,154 +496,171 @@ def _refusal(ms: dict[str, Any]) -> str | None:
     return None
 
 
+_TRAINING_SECTIONS = ("megatron_training", "actor_config")
+_RL_SAME_NAME = ("n_samples_per_prompt", "adv_estimator", "kl_penalty", "max_prompt_length")
+_SAMPLING_SAME_NAME = ("temperature", "top_p", "max_tokens")
+_GEN_SAME_NAME = ("infer_tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
+                  "gpu_memory_utilization", "max_model_len", "enforce_eager")
+
+
+@dataclass
+class _Found:
+    """What the key walk learns besides the translation itself."""
+
+    num_npus: int = 0  # rl_config.actor_resource.num_npus
+    model_name: str | None = None
+
+
+def _implied_key(tr: Translation, key: str, value: Any) -> None:
+    """A MindSpeed-RL key asp-npu accepts only at the value it always implies."""
+    if value == _IMPLIED_DEFAULTS[key]:
+        tr.mapped.append(key)
+    elif key in ("rl_config.use_integrated_worker", "rl_config.blocking"):
+        tr.mapped.append(key)
+        tr.notes.append(f"{key}={value}: asp-npu's mode decides colocation and blocking (rl_config.mode)")
+    else:
+        tr.skip(key, f"only {_IMPLIED_DEFAULTS[key]!r} is supported (got {value!r})")
+
+
+def _training_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
+    """megatron_training / actor_config keys; False = not one asp-npu maps."""
+    top, leaf = key.split(".")[0], key.split(".")[-1]
+    if leaf == "model":
+        found.model_name = str(value)
+        tr.mapped.append(key)
+    elif leaf in _DIRECT:
+        if top == "megatron_training" and leaf in ms.get("actor_config", {}):
+            tr.mapped.append(key)  # the actor's own value wins, as in MindSpeed-RL
+            return True
+        tr.set(key, _DIRECT[leaf], value)
+        if leaf == "tokenizer_name_or_path":
+            tr.set(key, "model.build_if_missing", False)
+        if leaf == "data_path":
+            tr.notes.append(f"data.data_path={value}: MindSpeed-RL's is a preprocessed Megatron-format "
+                            "prefix; point it at the JSONL/Parquet file you preprocessed")
+    elif leaf in _LAYOUT_KEYS:
+        pass  # `_layout_keys`, once the parallel sizes and the model are known
+    elif leaf == "seed":
+        tr.set(key, "actor_config.seed", _as_int(key, value))
+        tr.set(key, "data.seed", _as_int(key, value))
+    elif leaf in ("bf16", "fp16"):
+        if value:
+            tr.set(key, "model.dtype", "bfloat16" if leaf == "bf16" else "float16")
+        else:
+            tr.mapped.append(key)
+    else:
+        return False
+    return True
+
+
+def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
+    """rl_config keys; False = not one asp-npu maps."""
+    leaf = key.split(".")[-1]
+    if key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
+        tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
+    elif key == "rl_config.use_dynamic_bsz":
+        tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
+    elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
+        tr.set(key, key, _as_float(key, value))
+    elif key == "rl_config.filter_groups_enable":
+        tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
+    elif leaf == "num_npus":
+        found.num_npus = _as_int(key, value)
+        tr.mapped.append(key)
+    elif leaf in _RL_SAME_NAME:
+        tr.set(key, f"rl_config.{leaf}", value)
+    elif key == "rl_config.mini_batch_size":
+        _mini_batch(ms, tr, key, value)
+    elif key == "rl_config.init_kl_coef":
+        tr.set(key, "rl_config.kl_coef", _as_float(key, value))
+    elif key == "rl_config.clip_ratio":
+        tr.set(key, "rl_config.clip_ratio_low", _as_float(key, value))
+        tr.set(key, "rl_config.clip_ratio_high", _as_float(key, value))
+    elif key == "rl_config.use_tensorboard":
+        tr.set(key, "trainer.logger", ["console", "jsonl", "tensorboard"] if value else ["console", "jsonl"])
+    else:
+        return False
+    return True
+
+
+def _mini_batch(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> None:
+    """MindSpeed-RL counts a minibatch in prompts, asp-npu in samples (at most one iteration's)."""
+    n = _as_int("rl_config.n_samples_per_prompt", ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
+    prompts = _as_int(key, value)
+    gbs = _as_int("megatron_training.global_batch_size",
+                  ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
+    if gbs and prompts > gbs:
+        tr.notes.append(f"rl_config.mini_batch_size {prompts} > global_batch_size {gbs} prompts: one "
+                        f"iteration holds only {gbs}, so a minibatch is the whole iteration")
+        prompts = gbs
+    tr.set(key, "rl_config.mini_batch_size", prompts * n)
+    tr.notes.append(f"rl_config.mini_batch_size: {prompts} prompts (MindSpeed-RL) = {prompts * n} "
+                    "samples (asp-npu counts samples)")
+
+
+def _generate_key(ms: dict[str, Any], tr: Translation, colocated: bool, key: str, value: Any) -> bool:
+    """generate_config keys; False = not one asp-npu maps."""
+    leaf = key.split(".")[-1]
+    gen_in = ms.get("generate_config", {}) or {}
+    if leaf.startswith("offload_train_") and colocated:
+        tr.set(key, f"actor_config.{leaf}", bool(value))
+    elif key == "generate_config.infer_expert_parallel_size":
+        # MindSpeed-RL's expert-parallel group is infer TP x infer EP ranks (vLLM TP x DP):
+        # experts split over all of them (its vllm_parallel_state / sync_model_weights)
+        iep = _as_int(key, value)
+        itp = _as_int("generate_config.infer_tensor_parallel_size",
+                      gen_in.get("infer_tensor_parallel_size", 1) or 1)
+        group = iep * itp if gen_in.get("enable_expert_parallel", iep > 1) and iep > 1 else 1
+        tr.set(key, "generate_config.infer_expert_parallel_size", group)
+        if group > 1:
+            tr.notes.append(f"{key} {iep} x infer_tensor_parallel_size {itp}: one rollout instance "
+                            f"is an expert-parallel group of {group} NPUs (experts over all of them)")
+    elif key == "generate_config.enable_expert_parallel":
+        tr.mapped.append(key)  # with infer_expert_parallel_size above
+    elif leaf in _GEN_SAME_NAME:
+        tr.set(key, f"generate_config.{leaf}", value)
+    elif key == "generate_config.dtype":
+        tr.set(key, "model.dtype", str(value))
+    elif key.startswith("generate_config.sampling_config.") and leaf in _SAMPLING_SAME_NAME:
+        tr.set(key, f"generate_config.sampling_config.{leaf}", value)
+    elif key == "generate_config.sampling_config.logprobs":
+        tr.set(key, "generate_config.sampling_config.logprobs", 0)
+        tr.notes.append("sampling_config.logprobs: asp-npu always records the sampled token's logprob "
+                        "(logprobs: 0)")
+    else:
+        return False
+    return True
+
+
+_SECTIONS = {
+    "megatron_training": _TRAINING_REASONS,
+    "actor_config": _TRAINING_REASONS,
+    "rl_config": _RL_REASONS,
+    "generate_config": _GEN_REASONS,
+}
+
+
 def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int, str | None]:
     """Map every key; returns (actor_resource.num_npus or 0, model name)."""
-    num_npus, model_name = 0, None
+    found = _Found()
     colocated = mode in COLOCATED_MODES
-    gen_in = ms.get("generate_config", {}) or {}
-    n = _as_int("rl_config.n_samples_per_prompt",
-                ms.get("rl_config", {}).get("n_samples_per_prompt", 8) or 8)
-    sections = {
-        "megatron_training": _TRAINING_REASONS,
-        "actor_config": _TRAINING_REASONS,
-        "rl_config": _RL_REASONS,
-        "generate_config": _GEN_REASONS,
-    }
     for top, body in ms.items():
         if top == "defaults":
             continue
-        if top not in sections or not isinstance(body, dict):
-            tr.skip(
-                top,
-                "section unknown to asp-npu (MindSpeed-RL GRPO uses megatron_training, actor_config, "
-                "rl_config, generate_config)",
-            )
+        if top not in _SECTIONS or not isinstance(body, dict):
+            tr.skip(top, "section unknown to asp-npu (MindSpeed-RL GRPO uses megatron_training, "
+                         "actor_config, rl_config, generate_config)")
             continue
         for key, value in _flatten(body, top):
-            leaf = key.split(".")[-1]
             if value is None:
                 tr.skip(key, "empty (null) in the file: left at asp-npu's default")
             elif key in _IMPLIED_DEFAULTS:
-                if value == _IMPLIED_DEFAULTS[key]:
-                    tr.mapped.append(key)
-                elif key == "rl_config.use_integrated_worker" or key == "rl_config.blocking":
-                    tr.mapped.append(key)
-                    tr.notes.append(
-                        f"{key}={value}: asp-npu's mode decides colocation and blocking (rl_config.mode)"
-                    )
-                else:
-                    tr.skip(key, f"only {_IMPLIED_DEFAULTS[key]!r} is supported (got {value!r})")
-            elif top in ("megatron_training", "actor_config") and leaf == "model":
-                model_name = str(value)
-                tr.mapped.append(key)
-            elif top in ("megatron_training", "actor_config") and leaf in _DIRECT:
-                if top == "megatron_training" and leaf in ms.get("actor_config", {}):
-                    tr.mapped.append(key)  # the actor's own value wins, as in MindSpeed-RL
-                    continue
-                tr.set(key, _DIRECT[leaf], value)
-                if leaf == "tokenizer_name_or_path":
-                    tr.set(key, "model.build_if_missing", False)
-                if leaf == "data_path":
-                    tr.notes.append(
-                        f"data.data_path={value}: MindSpeed-RL's is a preprocessed Megatron-format "
-                        "prefix; point it at the JSONL/Parquet file you preprocessed"
-                    )
-            elif top in ("megatron_training", "actor_config") and leaf in _LAYOUT_KEYS:
-                continue  # `_layout_keys`, once the parallel sizes and the model are known
-            elif top in ("megatron_training", "actor_config") and leaf == "seed":
-                tr.set(key, "actor_config.seed", _as_int(key, value))
-                tr.set(key, "data.seed", _as_int(key, value))
-            elif top in ("megatron_training", "actor_config") and leaf in ("bf16", "fp16"):
-                if value:
-                    tr.set(key, "model.dtype", "bfloat16" if leaf == "bf16" else "float16")
-                else:
-                    tr.mapped.append(key)
-            elif top == "generate_config" and leaf.startswith("offload_train_") and colocated:
-                tr.set(key, f"actor_config.{leaf}", bool(value))
-            elif key == "generate_config.infer_expert_parallel_size":
-                # MindSpeed-RL's expert-parallel group is infer TP x infer EP ranks (vLLM TP x DP):
-                # experts split over all of them (its vllm_parallel_state / sync_model_weights)
-                iep = _as_int(key, value)
-                itp = _as_int("generate_config.infer_tensor_parallel_size",
-                              gen_in.get("infer_tensor_parallel_size", 1) or 1)
-                group = iep * itp if gen_in.get("enable_expert_parallel", iep > 1) and iep > 1 else 1
-                tr.set(key, "generate_config.infer_expert_parallel_size", group)
-                if group > 1:
-                    tr.notes.append(f"{key} {iep} x infer_tensor_parallel_size {itp}: one rollout instance "
-                                    f"is an expert-parallel group of {group} NPUs (experts over all of them)")
-            elif key == "generate_config.enable_expert_parallel":
-                tr.mapped.append(key)  # with infer_expert_parallel_size above
-            elif key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
-                tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
-            elif key == "rl_config.use_dynamic_bsz":
-                tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
-            elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
-                tr.set(key, key, _as_float(key, value))
-            elif key == "rl_config.filter_groups_enable":
-                tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
-            elif top == "rl_config" and leaf == "num_npus":
-                num_npus = _as_int(key, value)
-                tr.mapped.append(key)
-            elif top == "rl_config" and leaf in (
-                "n_samples_per_prompt",
-                "adv_estimator",
-                "kl_penalty",
-                "max_prompt_length",
-            ):
-                tr.set(key, f"rl_config.{leaf}", value)
-            elif key == "rl_config.mini_batch_size":
-                prompts = _as_int(key, value)
-                gbs = _as_int("megatron_training.global_batch_size",
-                              ms.get("megatron_training", {}).get("global_batch_size", 0) or 0)
-                if gbs and prompts > gbs:
-                    tr.notes.append(
-                        f"rl_config.mini_batch_size {prompts} > global_batch_size {gbs} prompts: one "
-                        f"iteration holds only {gbs}, so a minibatch is the whole iteration"
-                    )
-                    prompts = gbs
-                tr.set(key, "rl_config.mini_batch_size", prompts * n)
-                tr.notes.append(
-                    f"rl_config.mini_batch_size: {prompts} prompts (MindSpeed-RL) = {prompts * n} "
-                    f"samples (asp-npu counts samples)"
-                )
-            elif key == "rl_config.init_kl_coef":
-                tr.set(key, "rl_config.kl_coef", _as_float(key, value))
-            elif key == "rl_config.clip_ratio":
-                tr.set(key, "rl_config.clip_ratio_low", _as_float(key, value))
-                tr.set(key, "rl_config.clip_ratio_high", _as_float(key, value))
-            elif key == "rl_config.use_tensorboard":
-                tr.set(
-                    key,
-                    "trainer.logger",
-                    ["console", "jsonl", "tensorboard"] if value else ["console", "jsonl"],
-                )
-            elif top == "generate_config" and leaf in (
-                "infer_tensor_parallel_size",
-                "max_num_seqs",
-                "max_num_batched_tokens",
-                "gpu_memory_utilization",
-                "max_model_len",
-                "enforce_eager",
-            ):
-                tr.set(key, f"generate_config.{leaf}", value)
-            elif key == "generate_config.dtype":
-                tr.set(key, "model.dtype", str(value))
-            elif key.startswith("generate_config.sampling_config.") and leaf in (
-                "temperature",
-                "top_p",
-                "max_tokens",
-            ):
-                tr.set(key, f"generate_config.sampling_config.{leaf}", value)
-            elif key == "generate_config.sampling_config.logprobs":
-                tr.set(key, "generate_config.sampling_config.logprobs", 0)
-                tr.notes.append(
-                    "sampling_config.logprobs: asp-npu always records the sampled token's logprob "
-                    "(logprobs: 0)"
-                )
-            else:
-                reason = sections[top].get(leaf) if top in sections else None
-                tr.skip(key, reason or "no asp-npu equivalent")
-    return num_npus, model_name
+                _implied_key(tr, key, value)
+            elif not (_training_key(ms, tr, found, key, value) if top in _TRAINING_SECTIONS
+                      else _rl_key(ms, tr, found, key, value) if top == "rl_config"
+                      else _generate_key(ms, tr, colocated, key, value)):
+                tr.skip(key, _SECTIONS[top].get(key.split(".")[-1]) or "no asp-npu equivalent")
+    return found.num_npus, found.model_name
 
 
 _LAYOUT_KEYS = ("moe_tp_extend_ep", "num_layer_list", "noop_layers", "num_layers", "context_parallel_size",
