@@ -41,7 +41,7 @@ def _modes(text: str | None) -> list[str]:
     return out
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> Any:
     ap = command_parser("bench sim", "simulate all modes (ASP and baselines) at cluster scale")
     ap.add_argument("--preset", required=True, help="preset name (configs/sim/NAME.yaml) or a YAML path")
     ap.add_argument("--trace", help="JSONL length trace (overrides the preset's workload)")
@@ -74,7 +74,82 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--timeline-mode", default="asp", help="mode whose iteration --timeline shows (default asp)"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _overrides(args: Any) -> dict[str, Any]:
+    """Preset overrides from `--set`, `--executor` and `--max-lag`."""
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--set {item}: expected SECTION.KEY=VALUE")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item}: cannot parse the value") from None
+    if args.executor:
+        overrides["executor"] = args.executor
+    if args.max_lag is not None:
+        if args.max_lag < 0:
+            raise UserError(f"--max-lag must be >= 0 (got {args.max_lag})")
+        overrides["max_lag"] = args.max_lag
+    return overrides
+
+
+def _simulate_all(preset: Any, workload: Any, modes: list[str], partial: list[str] | None) -> dict[str, Any]:
+    """Every mode; with `partial` (the `--partial-rollout` modes) each mode off, then on, side by side."""
+    if partial is None:
+        return run_modes(preset, workload, modes)
+    off = replace(preset, rl=replace(preset.rl, partial_rollout=False))
+    on = replace(preset, rl=replace(preset.rl, partial_rollout=True))
+    runs = {}
+    for m in modes:
+        runs[m] = simulate(off, workload, m)
+        if m in partial:
+            runs[f"{m}+partial"] = simulate(on, workload, m)
+    return runs
+
+
+def _sweep(preset: Any, workload: Any, modes: list[str], counts: list[int]) -> dict[int, dict[str, float]]:
+    """Throughput of every mode at each instance count (the scaling sweep)."""
+    sweep: dict[int, dict[str, float]] = {}
+    for k in counts:
+        sw = run_modes(preset, workload, modes, instances=k)
+        sweep[k] = {m: r.metrics["throughput_tokens_per_s"] for m, r in sw.items()}
+    print()
+    print(
+        f"scaling sweep (tokens/s; disaggregated: K instances + {preset.cluster.sweep_trainer_devices} "
+        f"trainer devices; colocated: the same device count)"
+    )
+    print()
+    print(sweep_table(sweep, modes))
+    return sweep
+
+
+def _write_json(path: str, preset: Any, workload: Any, runs: dict[str, Any], rat: Any,
+                sweep: dict[int, dict[str, float]]) -> None:
+    doc: dict[str, Any] = {
+        "preset": preset.describe(),
+        "workload": {
+            "iterations": workload.num_iterations,
+            "prompts_per_iteration": workload.prompts_per_iteration,
+            "group_size": workload.group_size,
+            "source": workload.source,
+            "response_tokens": workload.total_response_tokens,
+        },
+        "modes": {m: r.metrics for m, r in runs.items()},
+        "ratios": rat,
+    }
+    if sweep:
+        doc["sweep"] = {str(k): v for k, v in sweep.items()}
+    atomic_write_json(path, doc, indent=1)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     if args.iterations is not None and args.iterations < 1:
         raise UserError(f"--iterations must be >= 1 (got {args.iterations})")
     modes = _modes(args.modes)
@@ -88,38 +163,12 @@ def main(argv: list[str]) -> int:
     for path in (args.json, args.plot, args.timeline):
         if path is not None:  # `--plot ""` is refused, not ignored
             check_writable(path)
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise UserError(f"--set {item}: expected SECTION.KEY=VALUE")
-        import yaml
-
-        try:
-            overrides[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UserError(f"--set {item}: cannot parse the value") from None
-    if args.executor:
-        overrides["executor"] = args.executor
-    if args.max_lag is not None:
-        if args.max_lag < 0:
-            raise UserError(f"--max-lag must be >= 0 (got {args.max_lag})")
-        overrides["max_lag"] = args.max_lag
-    preset = load_preset(
-        args.preset, iterations=args.iterations, trace=args.trace, calib=args.calib, overrides=overrides
-    )
+    overrides = _overrides(args)
+    preset = load_preset(args.preset, iterations=args.iterations, trace=args.trace, calib=args.calib,
+                         overrides=overrides)
     workload = build_workload(preset)
     t0 = time.perf_counter()
-    if args.partial_rollout:
-        off = replace(preset, rl=replace(preset.rl, partial_rollout=False))
-        on = replace(preset, rl=replace(preset.rl, partial_rollout=True))
-        runs = {}
-        for m in modes:  # side by side: each mode off, then on
-            runs[m] = simulate(off, workload, m)
-            if m in partial:
-                runs[f"{m}+partial"] = simulate(on, workload, m)
-    else:
-        runs = run_modes(preset, workload, modes)
+    runs = _simulate_all(preset, workload, modes, partial if args.partial_rollout else None)
     rat = ratios(runs)
     print(
         f"## asp-npu bench sim --preset {preset.name}: {workload.num_iterations} iterations x "
@@ -135,35 +184,10 @@ def main(argv: list[str]) -> int:
     if partial:
         print()
         print(partial_table(runs, partial))
-    sweep: dict[int, dict[str, float]] = {}
-    if counts:
-        for k in counts:
-            sw = run_modes(preset, workload, modes, instances=k)
-            sweep[k] = {m: r.metrics["throughput_tokens_per_s"] for m, r in sw.items()}
-        print()
-        print(
-            f"scaling sweep (tokens/s; disaggregated: K instances + {preset.cluster.sweep_trainer_devices} "
-            f"trainer devices; colocated: the same device count)"
-        )
-        print()
-        print(sweep_table(sweep, modes))
+    sweep = _sweep(preset, workload, modes, counts) if counts else {}
     print(f"\nsimulated in {time.perf_counter() - t0:.1f} s")
     if args.json:
-        doc: dict[str, Any] = {
-            "preset": preset.describe(),
-            "workload": {
-                "iterations": workload.num_iterations,
-                "prompts_per_iteration": workload.prompts_per_iteration,
-                "group_size": workload.group_size,
-                "source": workload.source,
-                "response_tokens": workload.total_response_tokens,
-            },
-            "modes": {m: r.metrics for m, r in runs.items()},
-            "ratios": rat,
-        }
-        if sweep:
-            doc["sweep"] = {str(k): v for k, v in sweep.items()}
-        atomic_write_json(args.json, doc, indent=1)
+        _write_json(args.json, preset, workload, runs, rat, sweep)
     if args.plot:
         plot(args.plot, runs, sweep or None, modes, preset.name)
     if args.timeline:
@@ -173,4 +197,3 @@ def main(argv: list[str]) -> int:
         a = ends[k - 1] if k > 0 else 0.0
         write_timeline(args.timeline, r.result.log, a, ends[k])
     return 0
-
