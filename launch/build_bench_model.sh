@@ -13,7 +13,7 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_
        PYTHONWARNINGS=ignore
 [ -x .venv/bin/python ] || bash ci/setup.sh
 CONFIG=configs/cpu_bench.yaml
-mkdir -p models
+mkdir -p models runs
 ASP=(.venv/bin/python -m asp_npu.cli)
 
 complete() {  # an HF folder with config, tokenizer and weights
