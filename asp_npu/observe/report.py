@@ -89,33 +89,13 @@ def token_lags(samples: list[dict[str, Any]]) -> Counter[int]:
     return out
 
 
-def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
-    """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    run = rd.RunDir.open(run_path)
-    rows = _read_metrics(run / rd.METRICS)
-    queue = _checked(run.read_jsonl(rd.QUEUE), run / rd.QUEUE, ("t", "occupancy"))
-    samples = _checked(run.read_jsonl(rd.SAMPLES), run / rd.SAMPLES, ("step", "policy_version"),
-                       optional=True)
-    summary = run.read_summary()
-    for key in ("throughput_tokens_per_s",):
-        if key in summary and not _number(summary[key]):
-            raise UserError(f"{run / rd.SUMMARY}: '{key}' is not a number")
-    title = f"{run.path.name}: mode {summary.get('mode', '?')}, max_lag {summary.get('max_lag', '?')}"
-
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    fig.suptitle(title)
-
-    ax = axes[0][0]
+def _reward_panel(ax: Any, rows: list[dict]) -> None:
     xs, ys = _series(rows, REWARD_MEAN)
     ax.plot(xs, ys, marker="o", ms=3)
     ax.set(title="reward (mean per trainer step)", xlabel="trainer step", ylabel="reward")
 
-    ax = axes[0][1]
+
+def _throughput_panel(ax: Any, rows: list[dict], summary: dict) -> None:
     for key, label in ((E2E_TPS, "end-to-end (consumed tokens/s)"), (VLLM_TPS, "generated, per instance")):
         xs, ys = _series(rows, key)
         if ys:
@@ -126,7 +106,8 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
 
-    ax = axes[0][2]
+
+def _queue_panel(ax: Any, queue: list[dict], rows: list[dict]) -> None:
     if queue:
         t0 = queue[0]["t"]
         ax.step([q["t"] - t0 for q in queue], [q["occupancy"] for q in queue], where="post")
@@ -137,7 +118,9 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         ax.set(xlabel="trainer step")
     ax.set(title="TrainQueue occupancy", ylabel="samples waiting")
 
-    ax = axes[1][0]
+
+def _lag_panel(ax: Any, rows: list[dict], samples: list[dict], summary: dict) -> None:
+    """Samples by lag (oldest token) beside tokens by lag when every token's version is recorded."""
     lags = Counter(int(s["step"]) - int(s["policy_version"]) for s in samples if "step" in s)
     tokens = token_lags(samples)
     if lags and tokens:  # every token's version recorded: samples (oldest token) and tokens, as shares
@@ -166,7 +149,8 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         ax.set(title=f"policy lag of trained samples (bound {bound})", xlabel="lag (versions)",
                ylabel="share" if tokens else "samples")
 
-    ax = axes[1][1]
+
+def _bubble_panel(ax: Any, summary: dict, rows: list[dict]) -> None:
     bubbles = _bubbles(summary, rows)
     names = [k for k in BUBBLE_KINDS if k in bubbles] + sorted(set(bubbles) - set(BUBBLE_KINDS))
     if names:
@@ -176,7 +160,8 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         ax.set_xlim(0, 1.15)
     ax.set(title="device-time breakdown (bubble accounting)", xlabel="share of device-seconds")
 
-    ax = axes[1][2]
+
+def _iteration_panel(ax: Any, rows: list[dict]) -> None:
     xs, ys = _series(rows, TIMING_ITERATION)
     ax.plot(xs, ys, marker="o", ms=3, label="iteration time (s)")
     ax.set(title="iteration time and response length", xlabel="trainer step", ylabel="seconds")
@@ -188,6 +173,33 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         ax2.legend(fontsize=8, loc="upper right")
     ax.legend(fontsize=8, loc="upper left")
 
+
+def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
+    """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = rd.RunDir.open(run_path)
+    rows = _read_metrics(run / rd.METRICS)
+    queue = _checked(run.read_jsonl(rd.QUEUE), run / rd.QUEUE, ("t", "occupancy"))
+    samples = _checked(run.read_jsonl(rd.SAMPLES), run / rd.SAMPLES, ("step", "policy_version"),
+                       optional=True)
+    summary = run.read_summary()
+    for key in ("throughput_tokens_per_s",):
+        if key in summary and not _number(summary[key]):
+            raise UserError(f"{run / rd.SUMMARY}: '{key}' is not a number")
+    title = f"{run.path.name}: mode {summary.get('mode', '?')}, max_lag {summary.get('max_lag', '?')}"
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig.suptitle(title)
+    _reward_panel(axes[0][0], rows)
+    _throughput_panel(axes[0][1], rows, summary)
+    _queue_panel(axes[0][2], queue, rows)
+    _lag_panel(axes[1][0], rows, samples, summary)
+    _bubble_panel(axes[1][1], summary, rows)
+    _iteration_panel(axes[1][2], rows)
     fig.tight_layout()
     target = Path(out) if out is not None else run / rd.REPORT
     try:  # temp + fsync + rename: a failed write leaves neither a torn report nor the temp file
