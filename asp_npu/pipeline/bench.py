@@ -179,9 +179,17 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
                 _write_json(json_path, config_path, list(overrides or []), seeds, base, runs)
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
-                  f"lag max {summary['lag_max']}, token lag max {summary['token_lag_max']} "
-                  f"({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
+                  f"{_lag_text(summary)} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
     return runs
+
+
+def _lag_text(summary: dict[str, Any]) -> str:
+    """The run's lag against its bounds: oldest token vs max_lag, or with partial rollout each
+    group's newest token vs max_lag and every token vs max_token_lag."""
+    if summary.get("partial_rollout"):
+        return (f"lag newest max {summary['lag_newest_max']}/{summary['max_lag']}, token lag max "
+                f"{summary['token_lag_max']}/{summary['max_token_lag']}")
+    return f"lag max {summary['lag_max']}/{summary['max_lag']}, token lag max {summary['token_lag_max']}"
 
 
 def _write_json(path: str, config: str | None, overrides: list[str], seeds: list[int], base: Config,
