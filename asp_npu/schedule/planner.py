@@ -14,9 +14,9 @@ import numpy as np
 
 from asp_npu.errors import InvalidValue
 from asp_npu.schedule.cost import CostModel, group_kv_token_steps
-from asp_npu.schedule.padding import cut_units, groups_per_unit, length_order
+from asp_npu.schedule.padding import cut_units, divisors, groups_per_unit, length_order
 from asp_npu.schedule.plan import Groups, RolloutPlan
-from asp_npu.schedule.skewness import balance, deal, lpt, polish
+from asp_npu.schedule.skewness import balance, bands, deal, even_cuts, lpt, polish
 from asp_npu.schedule.sorting import ORDERINGS, instance_orders
 from asp_npu.schedule.timeline import Timeline, timeline
 from asp_npu.validation import INT32_MAX, SEED_MAX, check_float, check_int
@@ -34,6 +34,11 @@ class PlannerConfig:
     train_step_s: float = 0.0  # trainer seconds per minibatch (estimate; 0 = instant)
     cost: CostModel = field(default_factory=CostModel)
     seed: int = 0
+    # skewness may cut units smaller than `unit_size` wherever that evens the predicted token loads
+    # (still length-homogeneous): for executors that stream an instance's units through continuous
+    # batching. Off, smaller units only where a blocking per-unit executor (which pays a batch per
+    # unit) is no busier on the cost model (`skewed_units`).
+    split_units: bool = False
 
     def validate(self) -> None:
         """Every field in range (NaN and inf refused): raises InvalidValue (a ValueError)."""
@@ -48,6 +53,8 @@ class PlannerConfig:
         check_int("max_lag", self.max_lag, 0, INT32_MAX)
         check_float("train_step_s", self.train_step_s, 0.0, 1e9)
         check_int("seed", self.seed, 0, SEED_MAX)
+        if not isinstance(self.split_units, bool):
+            raise InvalidValue(f"split_units must be true or false (got {self.split_units!r})")
         if not isinstance(self.cost, CostModel):
             raise InvalidValue(f"cost must be a CostModel (got {type(self.cost).__name__})")
 
@@ -297,6 +304,8 @@ def check_inputs(groups: Groups, cfg: PlannerConfig) -> None:
 
 MIN_DEAL_ROWS = 4  # deal rows only when a unit then spans at most 1/4 of the length ranks
 POLISH_WINDOW_ROWS = 4  # group swaps reach this many rows of K ranks (a unit spans K*c ranks)
+RECUT_TRIGGER = 1e-3  # re-cut when full units leave the busiest instance this far above the mean (and group)
+RECUT_BUSY_SLACK = 0.01  # ... and (unless split_units) it adds at most this share of predicted busy seconds
 
 
 def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable, np.ndarray, np.ndarray]:
@@ -308,9 +317,20 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
     nothing is dealt); the ranks left over (fewer than a row of units) are cut globally, the
     remainder unit last, and placed longest first on the least-loaded instance. Then
     `skewness.polish` evens the predicted token loads by swapping groups of neighbouring ranks.
-    Units are never made smaller than `unit_size` to balance: with fewer than two units per instance
-    the longest unit can exceed the mean load, and smaller units cost a blocking executor far more
-    than the imbalance (measured: benchmarks/plan_balance.py docstring).
+
+    Where these full units leave the busiest instance more than RECUT_TRIGGER above both the mean
+    and the heaviest group (a unit alone above the mean load, or a group count per instance that is
+    no multiple of `c`) and max_lag >= 1, smaller units are tried (`recut_units`); the best that
+    lowers the busiest instance's predicted tokens, with the loads still within its largest unit, is
+    kept. By default only a re-cut that keeps a blocking per-unit executor as fast on the cost
+    model: the busiest instance's predicted seconds no higher, the total at most RECUT_BUSY_SLACK
+    higher (such an executor pays a whole batch per extra unit: the `paper` simulator preset with
+    the unit executor runs 4,110 tokens/s with full units, 2,623 with `split_units`). With
+    `cfg.split_units` (executors that stream an instance's units through continuous batching) any
+    re-cut, and with nothing dealt also rows dealt in units of the largest divisor `c' <= c` of the
+    minibatch's groups that gives MIN_DEAL_ROWS rows: every instance the same mix of lengths again,
+    each unit within 1/MIN_DEAL_ROWS of the ranks (benchmarks/plan_balance.py). With max_lag 0 units
+    stay full: only units of `c*G` samples, dividing the minibatch, fill every synchronous admission.
     """
     k, n_groups = cfg.num_instances, len(groups)
     order = length_order(groups.mean, cfg.seed)
@@ -341,7 +361,75 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
         assign[units.last_unit] = int(np.argmin(loads))
     inst_at = np.repeat(assign, np.diff(offsets))
     swapped = polish(groups.mean, group_order, inst_at, rank, k, window=POLISH_WINDOW_ROWS * k)
-    return unit_table(groups, cfg, swapped, offsets, c), assign, movable
+    kept = unit_table(groups, cfg, swapped, offsets, c), assign, movable
+    loads = np.bincount(inst_at, weights=groups.mean[swapped], minlength=k)
+    floor = max(float(loads.mean()), float(groups.mean.max()))  # no split lowers the heaviest group
+    if k < 2 or cfg.max_lag < 1 or loads.max() <= floor * (1 + RECUT_TRIGGER):
+        return kept
+    layouts = [recut_units(groups, cfg, c, order, rank, inst_of_rank, full)]
+    if cfg.split_units and full == 0:  # also rows of smaller units: the same mix of lengths everywhere
+        per_mb = cfg.minibatch // cfg.group_size
+        small = max((d for d in divisors(per_mb) if d <= c and n_groups >= MIN_DEAL_ROWS * k * d), default=1)
+        inst_small, full_small = deal(groups.mean[order], k, small)
+        if full_small:
+            layouts.append(recut_units(groups, cfg, small, order, rank, inst_small, full_small))
+    busy = np.bincount(assign, weights=kept[0].seconds, minlength=k)
+    best: tuple[UnitTable, np.ndarray, np.ndarray] | None = None
+    best_max = float(loads.max()) * (1 - 1e-9)
+    for r_order, r_offsets, r_assign in layouts:
+        r_loads = np.bincount(np.repeat(r_assign, np.diff(r_offsets)), groups.mean[r_order], minlength=k)
+        r_largest = float(np.add.reduceat(groups.mean[r_order], r_offsets[:-1]).max())
+        if r_loads.max() >= best_max or r_loads.max() - r_loads.min() > r_largest * (1 + 1e-9):
+            continue
+        seconds = unit_costs(groups, r_order, r_offsets, cfg)
+        r_busy = np.bincount(r_assign, weights=seconds, minlength=k)
+        if not cfg.split_units and (
+            r_busy.max() > busy.max() * (1 + 1e-9) or r_busy.sum() > busy.sum() * (1 + RECUT_BUSY_SLACK)
+        ):
+            continue  # a blocking per-unit executor would be busier
+        r_units = UnitTable(r_order, r_offsets, seconds, np.diff(r_offsets) * cfg.group_size, -1)
+        best, best_max = (r_units, r_assign, np.ones(r_assign.size, dtype=bool)), float(r_loads.max())
+    return kept if best is None else best
+
+
+def recut_units(
+    groups: Groups,
+    cfg: PlannerConfig,
+    c: int,
+    order: np.ndarray,
+    rank: np.ndarray,
+    inst_of_rank: np.ndarray,
+    full: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`skewed_units`' ranks in units of at most `c` groups balanced below unit granularity, then
+    polished; no remainder unit: (group order, unit offsets, instance per unit).
+
+    The first `full` ranks dealt by `inst_of_rank` stay in their units of `c`; the ranks left over
+    (the shortest groups, fewer than a row of units) are poured on top of them in one band per
+    instance (`skewness.bands`), each band cut into as few and as even units as fit `c`. With
+    nothing dealt, all ranks are cut into even units of consecutive ranks, as many as full units
+    rounded up to a multiple of K (so every instance can run as many), placed by `balance`.
+    """
+    k, n_groups = cfg.num_instances, len(groups)
+    if full:
+        by_instance = np.argsort(inst_of_rank, kind="stable")
+        m_full = full // c
+        rest = order[full:]
+        dealt_loads = np.bincount(inst_of_rank, weights=groups.mean[order[:full]], minlength=k)
+        lo, hi, band_inst = bands(groups.mean[rest], dealt_loads)
+        starts, band = even_cuts(lo, hi, c)
+        offsets = np.r_[np.arange(0, full, c), full + starts, n_groups].astype(np.int64)
+        assign = np.r_[np.arange(m_full) // max(1, m_full // k), band_inst[band]].astype(np.int64)
+        group_order = np.concatenate([order[by_instance], rest])
+    else:
+        full_units = -(-n_groups // c)
+        count = min(n_groups, -(-full_units // k) * k)
+        offsets = ((np.arange(count + 1) * n_groups) // count).astype(np.int64)
+        group_order = order
+        assign = balance(np.add.reduceat(groups.mean[order], offsets[:-1]), k)
+    inst_at = np.repeat(assign, np.diff(offsets))
+    swapped = polish(groups.mean, group_order, inst_at, rank, k, window=POLISH_WINDOW_ROWS * k)
+    return swapped, offsets, assign
 
 
 def plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan:

@@ -13,10 +13,14 @@ reimplements as the reference), in three steps the planner (`planner.skewed_unit
    whose length ranks are within `window` of each other, so a unit keeps groups of neighbouring
    lengths (its rank band widens by at most `window` on each side: padding is kept) while the load
    moves in steps as fine as two neighbouring groups differ.
+Where whole units are too coarse for that (a unit alone above the mean load, or a group count per
+instance that is no multiple of the unit), the planner re-cuts (`planner.recut_units`): `bands`
+pours the left-over ranks onto the dealt loads up to a common level (`water_level`), one band of
+consecutive ranks per instance, and `even_cuts` cuts each band into as few and as even units as fit.
 Dealing keeps any two loads within the largest group, `lpt` within the largest unit, and `refine` and
-`polish` only ever lower the larger of two loads (never below the smaller): the spread of the final
-loads is at most the largest unit (tests/schedule/test_properties.py). Deterministic; bounded by
-round counts, never by wall time.
+`polish` only ever lower the larger of two loads (never below the smaller); a re-cut is kept only
+within its largest unit: the spread of the final loads is at most the largest unit
+(tests/schedule/test_properties.py). Deterministic; bounded by round counts, never by wall time.
 """
 
 from __future__ import annotations
@@ -198,3 +202,56 @@ def polish(
         loads[jj] += d
     return out
 
+
+
+
+def water_level(loads: np.ndarray, mass: float) -> float:
+    """The level `mu` with `sum(max(0, mu - loads)) == mass`: `mass` poured onto the lowest loads."""
+    srt = np.sort(np.asarray(loads, dtype=np.float64))
+    csum = np.cumsum(srt)
+    for m in range(srt.size, 0, -1):  # the m lowest loads end below the level
+        mu = (mass + csum[m - 1]) / m
+        if mu >= srt[m - 1]:
+            return float(mu)
+    return float(srt[0] + mass)  # not reached for mass >= 0 (m = 1 always qualifies)
+
+
+def bands(weights_desc: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut a descending load list into consecutive rank bands, one per instance: (lo, hi, instance).
+
+    The list is poured on top of `loads` up to their common level (`water_level`): every instance
+    below it takes one band worth its gap, instances in index order. Each cut sits at the group
+    boundary nearest to the running sum of the gaps, so rounding never accumulates: an instance ends
+    within a group of the level at either end of its band. Bands are consecutive ranks (length-
+    homogeneous); empty ones are left out.
+    """
+    w = np.asarray(weights_desc, dtype=np.float64)
+    base = np.asarray(loads, dtype=np.float64)
+    n = int(w.shape[0])
+    empty = np.zeros(0, dtype=np.int64)
+    if n == 0 or base.size == 0:
+        return empty, empty, empty
+    prefix = np.r_[0.0, np.cumsum(w)]
+    gap = np.maximum(0.0, water_level(base, float(prefix[-1])) - base)
+    takers = np.flatnonzero(gap > 0)
+    if takers.size == 0:  # nothing to pour (zero weights): one band to the least loaded
+        return np.array([0]), np.array([n]), np.array([int(np.argmin(base))], dtype=np.int64)
+    target = np.cumsum(gap[takers])
+    hi = np.clip(np.searchsorted(prefix, target), 1, n)  # prefix[hi] >= target
+    hi = hi - (np.abs(prefix[hi - 1] - target) < np.abs(prefix[hi] - target))
+    hi[-1] = n
+    hi = np.maximum.accumulate(hi)
+    lo = np.r_[0, hi[:-1]]
+    keep = hi > lo
+    return lo[keep].astype(np.int64), hi[keep].astype(np.int64), takers[keep].astype(np.int64)
+
+
+def even_cuts(lo: np.ndarray, hi: np.ndarray, per_unit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Units of at most `per_unit` ranks cut from each band [lo, hi), as few and as even as possible:
+    (unit start offsets, band index per unit)."""
+    size = hi - lo
+    count = -(-size // per_unit)
+    band = np.repeat(np.arange(size.size), count)
+    j = np.arange(band.size) - np.repeat(np.cumsum(count) - count, count)  # unit index within its band
+    starts = lo[band] + (j * size[band]) // count[band]
+    return starts.astype(np.int64), band

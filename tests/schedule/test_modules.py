@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from asp_npu.schedule.padding import cut_units, groups_per_unit, intra_unit_spre
 from asp_npu.schedule.plan import Groups, RolloutPlan
 from asp_npu.schedule.planner import PlannerConfig, plan
 from asp_npu.schedule.quality import plan_quality
-from asp_npu.schedule.skewness import balance, deal, lpt, polish, refine
+from asp_npu.schedule.skewness import balance, bands, deal, even_cuts, lpt, polish, refine, water_level
 from asp_npu.schedule.sorting import aligned_orders, max_deviation, smooth_order
 from asp_npu.schedule.timeline import timeline
 from asp_npu.types import LengthEstimate
@@ -227,3 +229,43 @@ def test_deal_and_polish_bounds() -> None:
         assert sorted(out.tolist()) == list(range(w.size))
         assert np.bincount(inst_at, weights=w[out], minlength=k).max() <= before + 1e-9
         assert np.all(np.abs(out - np.arange(w.size)) <= 3)
+
+
+def test_bands_pour_consecutive_ranks_up_to_a_common_level() -> None:
+    assert water_level(np.array([5.0, 1.0, 0.0]), 4.0) == pytest.approx(2.5)  # 5 stays above
+    assert water_level(np.array([0.0, 0.0]), 0.0) == 0.0
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        k = int(rng.integers(1, 9))
+        w = np.sort(rng.lognormal(5, 1.0, int(rng.integers(1, 60))))[::-1]
+        base = rng.uniform(0, w.sum() / k, k) * rng.integers(0, 2)
+        lo, hi, inst = bands(w, base)
+        # consecutive, non-empty, covering every rank once, at most one band per instance
+        assert lo[0] == 0 and hi[-1] == w.size and np.all(lo[1:] == hi[:-1]) and np.all(hi > lo)
+        assert np.unique(inst).size == inst.size
+        prefix = np.r_[0.0, np.cumsum(w)]
+        loads = base + np.bincount(inst, weights=prefix[hi] - prefix[lo], minlength=k)
+        level = water_level(base, w.sum())
+        took = np.isin(np.arange(k), inst)
+        # each band misses the level by at most a group at either end (cuts at the nearest boundary)
+        assert np.all(np.abs(loads[took] - level) <= 2 * w.max() + 1e-9)
+        assert np.all(base[~took] >= level - 2 * w.max() - 1e-9)
+    starts, band = even_cuts(np.array([0, 5, 12]), np.array([5, 12, 13]), 3)
+    assert starts.tolist() == [0, 2, 5, 7, 9, 12] and band.tolist() == [0, 0, 1, 1, 1, 2]
+
+
+def test_split_units_evens_out_units_heavier_than_the_mean_load() -> None:
+    # 2 full units per instance and a heavy head: full units leave the top unit alone above the mean
+    rng = np.random.default_rng(0)
+    mean = np.sort(rng.lognormal(7.5, 1.2, 256))[::-1]
+    ids = np.array([f"p{i}" for i in range(256)])
+    g = Groups(ids, np.tile(np.arange(8), (256, 1)), mean, mean, mean * 1.5)
+    cfg = PlannerConfig(num_instances=8, minibatch=1024, group_size=8, max_num_seqs=128, max_lag=2)
+    plain, split = plan(g, cfg), plan(g, replace(cfg, split_units=True))
+    assert plain.num_units == 16 and plain.summary["predicted_token_imbalance"] > 0.05  # full units kept
+    # rows of smaller units dealt (the heaviest group alone is 60% of the mean load here)
+    assert split.summary["predicted_token_imbalance"] < plain.summary["predicted_token_imbalance"] / 4
+    assert split.num_units > plain.num_units and split.unit_sizes.max() <= 128
+    # max_lag 0: units stay full (admission fills exactly only with units that divide the minibatch)
+    sync = plan(g, replace(cfg, max_lag=0, split_units=True))
+    assert np.all(sync.unit_sizes == 128)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from asp_npu.schedule import planner
 from asp_npu.schedule.baselines import fifo_plan, karmarkar_karp, random_plan
 from asp_npu.schedule.padding import length_order
 from asp_npu.schedule.plan import RolloutPlan
@@ -27,6 +30,7 @@ def cases(draw):
         max_lag=draw(st.integers(0, 3)),
         train_step_s=draw(st.sampled_from([0.0, 0.5, 30.0])),
         seed=draw(st.integers(0, 3)),
+        split_units=draw(st.booleans()),
     )
     return make_groups(n_groups, g, shape, draw(st.integers(0, 10_000))), cfg
 
@@ -119,6 +123,45 @@ def test_asp_balance_and_homogeneity(case) -> None:
     span = np.maximum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
     span -= np.minimum.reduceat(r, np.flatnonzero(np.r_[True, u_of[1:] != u_of[:-1]]))
     assert span.max() <= k * c - 1 + 2 * POLISH_WINDOW_ROWS * k
+
+
+def _token_loads(groups, result: RolloutPlan, k: int) -> np.ndarray:
+    first = np.arange(0, result.num_samples, groups.group_size)
+    inst = result.unit_instance[result.sample_unit[first]]
+    return np.bincount(inst, weights=groups.mean[result.sample_group[first]], minlength=k)
+
+
+def _busy(result: RolloutPlan, k: int) -> np.ndarray:
+    """Predicted busy seconds per instance (a unit runs from its planned start to its finish)."""
+    return np.bincount(result.unit_instance, weights=result.unit_finish - result.unit_start, minlength=k)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_recut_units_only_even_the_loads(case) -> None:
+    """Smaller units (re-cut where full units are too coarse) never raise the busiest instance's
+    predicted tokens; by default they never make a blocking per-unit executor busier on the cost
+    model (busiest instance no longer, total at most RECUT_BUSY_SLACK more); split_units balances
+    at least as well as the default; max_lag 0 keeps full units."""
+    groups, cfg = case
+    k = cfg.num_instances
+    saved = planner.RECUT_TRIGGER
+    planner.RECUT_TRIGGER = float("inf")
+    try:
+        whole = plan(groups, replace(cfg, split_units=False))
+    finally:
+        planner.RECUT_TRIGGER = saved
+    default = plan(groups, replace(cfg, split_units=False))
+    split = plan(groups, replace(cfg, split_units=True))
+    top = [_token_loads(groups, p, k).max() for p in (whole, default, split)]
+    assert top[2] <= top[1] * (1 + 1e-9) + 1e-9 and top[1] <= top[0] * (1 + 1e-9) + 1e-9
+    b_whole, b_default = _busy(whole, k), _busy(default, k)
+    assert b_default.max() <= b_whole.max() * (1 + 1e-6) + 1e-9
+    assert b_default.sum() <= b_whole.sum() * (1 + planner.RECUT_BUSY_SLACK + 1e-6) + 1e-9
+    if cfg.max_lag == 0 or k == 1:
+        for p in (default, split):
+            assert np.array_equal(p.unit_offsets, whole.unit_offsets)
+            assert np.array_equal(p.unit_instance, whole.unit_instance)
 
 
 @settings(max_examples=60, deadline=None)
