@@ -87,10 +87,12 @@ CALIB_FIELDS = {
     "prefill_s_per_token": "prefill_s_per_token",
     "refresh_s": "refresh_s",
     "trainer_s_per_token": "train_s_per_token",
+    "trainer_step_s": "train_step_s",
     "core_sharing.decode_slowdown": "share_decode_slowdown",
     "core_sharing.train_slowdown": "share_train_slowdown",
 }
 COLOCATED_TRAINER = "trainer_s_per_token_colocated"  # the colocated modes' trainer (every core)
+COLOCATED_STEP = "trainer_step_s_colocated"
 # how each real mode maps onto the simulator's mode of the same name, where they differ in architecture
 ARCH_NOTES = {
     "sortedrl": "NOT COMPARABLE: the simulator's sortedrl is colocated with partial rollout (preempt + "
@@ -130,8 +132,9 @@ def calib_fields(path: Path) -> dict[str, float | None]:
         for part in key.split("."):
             v = v.get(part) if isinstance(v, dict) else None
         out[attr] = None if v is None else float(v)
-    v = d.get(COLOCATED_TRAINER)
-    out[COLOCATED_TRAINER] = None if v is None else float(v)
+    for key in (COLOCATED_TRAINER, COLOCATED_STEP):
+        v = d.get(key)
+        out[key] = None if v is None else float(v)
     return out
 
 
@@ -297,6 +300,9 @@ def compare_run(
     if colocated and calibrated.get(COLOCATED_TRAINER) is not None:
         cost["train_s_per_token"] = float(calibrated[COLOCATED_TRAINER])  # type: ignore[arg-type]
         sources["train_s_per_token"] = "calib (colocated trainer on every core)"
+        if calibrated.get(COLOCATED_STEP) is not None:
+            cost["train_step_s"] = float(calibrated[COLOCATED_STEP])  # type: ignore[arg-type]
+            sources["train_step_s"] = "calib (colocated trainer on every core)"
     elif calibrated.get("train_s_per_token") is None and "trainer" in run_costs:
         cost["train_s_per_token"] = trainer_cost_from_run(updates, lengths, plens, layout.trainer_devices)
         sources["train_s_per_token"] = f"run metrics ({len(updates)} steps of timing/update)"

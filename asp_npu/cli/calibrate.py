@@ -47,7 +47,8 @@ def main(argv: list[str]) -> int:
     if result["trainer_s_per_token"] is not None:
         sh = result["core_sharing"]
         print(
-            f"trainer {result['trainer_s_per_token']:.3e} device-s/token (asynchronous placement), "
+            f"trainer {result['trainer_step_s']:.3f} s/step + {result['trainer_s_per_token']:.3e} "
+            f"device-s/token (asynchronous placement), {result['trainer_step_s_colocated']:.3f} s + "
             f"{result['trainer_s_per_token_colocated']:.3e} (colocated); core sharing: decode "
             f"x{sh['decode_slowdown']:.2f}, trainer x{sh['train_slowdown']:.2f} while the other side is busy"
         )

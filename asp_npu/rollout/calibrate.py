@@ -266,7 +266,8 @@ def measure_sharing(
     pin_process(all_cores)  # Ray and the trainer ranks get the run's placement, not engine 0's cores
     _set_nice(0)  # nor engine 0's priority (measure_config lowered this process's for its engine)
     batch = calibration_batch(acfg)
-    tokens = batch_tokens(batch)
+    short = calibration_batch(acfg, length_scale=0.25)  # same samples, answers a quarter as long
+    tokens, short_tokens = batch_tokens(batch), batch_tokens(short)
     act = acfg.actor_config
     world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
     d_batch, d_tokens = max(1, gen.max_num_seqs // 2), 32 if quick else 64
@@ -287,11 +288,12 @@ def measure_sharing(
             t_alone.append(statistics.median(timed_steps(group, batch, 2)))
             with _Busy(loop, [engine, *extra], d_batch, busy_tokens, 100 * r + 50):
                 t_shared.append(statistics.median(timed_steps(group, batch, 2)))
+        t_short = timed_steps(group, short, max(3, repeats + 1))
     finally:
         group.shutdown()
         for e in extra:
             e.shutdown()
-    wall = statistics.median(t_alone) / tokens
+    pin_process(all_cores)  # a colocated trainer is placed on every core, not on engine 0's
     ccfg, _ = _placed(cfg, kind, "mindspeed-sync")
     cact = ccfg.actor_config
     cworld = cact.tensor_model_parallel_size * cact.pipeline_model_parallel_size * cact.data_parallel_size
@@ -299,22 +301,32 @@ def measure_sharing(
     try:
         timed_steps(group, batch, 1)
         c_steps = timed_steps(group, batch, max(3, repeats + 1))
+        c_short = timed_steps(group, short, max(3, repeats + 1))
     finally:
         group.shutdown()
-    cwall = statistics.median(c_steps) / tokens
-    threads = max(1, act.num_threads)
-    cthreads = max(1, cact.num_threads)
     return {
         **out,
         "batch_samples": batch.num_samples,
         "batch_tokens": tokens,
-        "trainer": {"step_s": t_alone, "wall_s_per_token": wall, "world": world, "threads": threads,
-                    "device_s_per_token": wall * world * threads},
-        "trainer_colocated": {"step_s": c_steps, "wall_s_per_token": cwall, "world": cworld,
-                              "threads": cthreads, "device_s_per_token": cwall * cworld * cthreads},
+        "short_batch_tokens": short_tokens,
+        "trainer": _trainer_fit(t_alone, t_short, tokens, short_tokens, world, max(1, act.num_threads)),
+        "trainer_colocated": _trainer_fit(c_steps, c_short, tokens, short_tokens, cworld,
+                                          max(1, cact.num_threads)),
         "sharing": {"decode_batch": d_batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
                     "train_alone_s": t_alone, "train_shared_s": t_shared},
     }
+
+
+def _trainer_fit(long_s: list[float], short_s: list[float], tokens: int, short_tokens: int, world: int,
+                 threads: int) -> dict[str, Any]:
+    """One placement's trainer: fixed wall seconds per step, and device-seconds per token (wall
+    seconds per token x ranks x threads per rank: the simulator divides by the trainer's devices)."""
+    from asp_npu.trainer.calibrate import fit_step
+
+    fixed, slope = fit_step(long_s, tokens, short_s, short_tokens)
+    return {"step_s": long_s, "short_step_s": short_s, "wall_s_per_token": statistics.median(long_s) / tokens,
+            "world": world, "threads": threads, "fixed_step_s": fixed,
+            "device_s_per_token": slope * world * threads}
 
 
 def measure_config(

@@ -532,6 +532,13 @@ class VLLMEngine:
         """Stop the engine processes now (idempotent), not at interpreter exit."""
         llm, self.llm = self.llm, None
         if llm is not None:
+            # vLLM stops the engine core before it cancels its output handler, which then logs the
+            # dead core as an ERROR with a traceback at every clean shutdown: cancel the handler first
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                from vllm.utils.async_utils import cancel_task_threadsafe
+
+                cancel_task_threadsafe(handler)
             llm.shutdown()
             del llm
 

@@ -6,8 +6,10 @@ The measurement itself runs a real engine and lives with the rollout code
 Schema `asp-calib/1`. The trainer fields (null when the trainer was not measured):
 - `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
   asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator
-  divides by the trainer's devices); `trainer_s_per_token_colocated`: the same for a colocated mode's
-  trainer (every core);
+  divides by the trainer's devices), and `trainer_step_s`, the wall seconds every step costs on top
+  whatever its tokens (optimizer update, launches; both from two minibatches of different answer
+  lengths, asp_npu/trainer/calibrate.py); `trainer_s_per_token_colocated` / `trainer_step_s_colocated`:
+  the same for a colocated mode's trainer (every core);
 - `core_sharing`: `decode_slowdown` / `train_slowdown`, the medians of the paired ratios (shared over
   alone) measured in the run's placement; 1.0 where the placement keeps them apart and nothing
   interferes. The simulator applies each while the other side is busy (asp_npu/sim/contention.py).
@@ -85,7 +87,9 @@ def calibration(model: str, points: dict[str, Any], meta: dict[str, Any]) -> dic
         "prefill_s_per_token": fitted["prefill_s_per_token"],
         "refresh_s": fitted["refresh_s"],
         "trainer_s_per_token": tr["trainer"]["device_s_per_token"] if tr else None,
+        "trainer_step_s": tr["trainer"].get("fixed_step_s") if tr else None,
         "trainer_s_per_token_colocated": tr["trainer_colocated"]["device_s_per_token"] if tr else None,
+        "trainer_step_s_colocated": tr["trainer_colocated"].get("fixed_step_s") if tr else None,
         "core_sharing": sharing(tr["sharing"]) if tr else None,
         "points": points,
         "meta": {**meta, "fit_median_rel_err": fitted["fit_median_rel_err"]},

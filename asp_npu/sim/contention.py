@@ -92,6 +92,7 @@ def shared_cost(base: SimCost, o_r: float, o_t: float) -> SimCost:
         decode_b=base.decode_b * fd,
         decode_c=base.decode_c * fd,
         train_s_per_token=base.train_s_per_token * ft,
+        train_step_s=base.train_step_s * ft,
         share_decode_slowdown=1.0,
         share_train_slowdown=1.0,
     )

@@ -6,7 +6,8 @@ events the batch is fixed and the KV grows by `running` tokens per step, so `k` 
 `k*(a + b*n + c*kv) + c*n*k*(k-1)/2` seconds -- the simulator jumps from event to event in closed form
 instead of stepping tokens. Prefill: `prefill_s_per_token` per prompt token, paid when a sequence joins.
 
-Trainer: `train_s_per_token` device-seconds per sequence token (prompt + response) for old-logprob,
+Trainer: `train_step_s` wall seconds per step (the optimizer update and launches, whatever the
+tokens) plus `train_s_per_token` device-seconds per sequence token (prompt + response) for old-logprob,
 reference forward and the update together, split over the trainer's data-parallel ranks either
 balanced (verl `balance_batch` Karmarkar-Karp + dynamic batch size; our trainer) or padded (fixed
 micro-batches padded to their longest sequence, samples dealt to ranks in order: MindSpeed-RL default).
@@ -29,6 +30,7 @@ class SimCost:
     decode_c: float = 0.0  # s per KV token per step (attention reads the cache)
     prefill_s_per_token: float = 0.0
     train_s_per_token: float = 1e-3  # trainer device-seconds per token (logprob + ref + update)
+    train_step_s: float = 0.0  # trainer wall seconds per step on top of its tokens (optimizer, launches)
     train_dp_devices: int = 1  # devices per trainer data-parallel rank (TP x PP of the trainer)
     micro_batch_size: int = 1  # padded trainer: samples per micro-batch
     refresh_s: float = 1.0  # weight refresh (disaggregated): trainer -> all instances
@@ -51,6 +53,7 @@ class SimCost:
             "refresh_s",
             "to_train_s",
             "to_infer_s",
+            "train_step_s",
         ):
             if not getattr(self, name) >= 0:
                 bad.append(f"cost.{name} must be >= 0 (got {getattr(self, name)})")
@@ -119,7 +122,7 @@ def train_seconds(cost: SimCost, seq_tokens: np.ndarray, devices: int, padded: b
         loads = _lpt_loads(tokens, ranks) if ranks > 1 else np.array([tokens.sum()])
     peak = float(loads.max())
     rank_devices = min(devices, cost.train_dp_devices)
-    seconds = peak * cost.train_s_per_token / rank_devices
+    seconds = cost.train_step_s + peak * cost.train_s_per_token / rank_devices
     # devices beyond whole ranks sit idle: they count against the useful share too
     useful = float(tokens.sum()) / (ranks * peak) * (ranks * rank_devices / devices) if peak > 0 else 1.0
     return seconds, min(1.0, useful)

@@ -71,7 +71,9 @@ def predicted_stage_seconds(
     batch = max(1.0, min(preset.cluster.max_num_seqs, per_iter / instances))
     step = c.decode_a + c.decode_b * batch + c.decode_c * batch * (mean_prompt + mean_resp / 2)
     rollout = per_iter * mean_resp / (instances * batch / step)
-    train = per_iter * (mean_prompt + mean_resp) * c.train_s_per_token / trainer_devices
+    steps = per_iter / max(1, preset.rl.mini_batch_size)
+    tokens = per_iter * (mean_prompt + mean_resp)
+    train = steps * c.train_step_s + tokens * c.train_s_per_token / trainer_devices
     return rollout, train
 
 

@@ -49,7 +49,7 @@ class PlannedSource:
         if self.cost is None:
             return 0.0
         tokens_per_step = self.planner.base.minibatch * float(np.mean(mean) + np.mean(prompt_lens))
-        return tokens_per_step * self.cost.train_s_per_token / self.trainer_devices
+        return self.cost.train_step_s + tokens_per_step * self.cost.train_s_per_token / self.trainer_devices
 
     def observe(self, g: int) -> None:
         if self.pred is None:

@@ -312,6 +312,8 @@ def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
     _take(d.get("prefill_s_per_token"), "prefill_s_per_token", "prefill_s_per_token", upd, notes, cost, path)
     _take(d.get("refresh_s"), "refresh_s", "refresh_s", upd, notes, cost, path)
     _take(d.get("trainer_s_per_token"), "train_s_per_token", "trainer_s_per_token", upd, notes, cost, path)
+    if d.get("trainer_step_s") is not None:  # calibrations before the fixed part was measured: none
+        _take(d.get("trainer_step_s"), "train_step_s", "trainer_step_s", upd, notes, cost, path)
     share = d.get("core_sharing") or {}
     if not isinstance(share, dict):
         raise UserError(f"{path}: core_sharing must be an object")

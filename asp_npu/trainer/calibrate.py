@@ -8,6 +8,12 @@ responses of random token ids with lengths spread evenly over 1..`max_tokens` (a
 same batch every time), so `use_dynamic_bsz` / `micro_batch_size` split it as in a run. The group
 is the real `TrainerGroup` (Ray actors, gloo), placed where the run places it; a step is timed on
 the driver around `train_step`, as the pipeline's `timing/update` is.
+
+A step is not proportional to its tokens: the optimizer update, the per-micro-batch launches and the
+call itself cost the same for a minibatch of short answers as for one of long answers (measured on
+the bench model: 0.2-0.35 s of a 0.7 s step). So two minibatches of the same sample count are timed,
+answers over the whole 1..`max_tokens` and over its first quarter, and `fit_step` splits a step into
+a fixed part and seconds per token (what the simulator's `train_step_s` and `train_s_per_token` take).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from asp_npu.config import Config
 from asp_npu.types import TrainBatch, Trajectory
 
 
-def calibration_batch(cfg: Config, seed: int = 0) -> TrainBatch:
-    """One minibatch of the config's shape (see the module docstring)."""
+def calibration_batch(cfg: Config, seed: int = 0, length_scale: float = 1.0) -> TrainBatch:
+    """One minibatch of the config's shape (module docstring); `length_scale` shrinks the longest
+    answer to that fraction of `max_tokens`."""
     from transformers import AutoTokenizer
 
     from asp_npu.data.datasets import config_prompts, encode_prompt
@@ -35,7 +42,7 @@ def calibration_batch(cfg: Config, seed: int = 0) -> TrainBatch:
     rng = random.Random(seed)
     vocab = len(tok)
     lo = min(16, vocab - 1)
-    max_tokens = gen.sampling_config.max_tokens
+    max_tokens = max(2, int(gen.sampling_config.max_tokens * length_scale))
     groups = rl.mini_batch_size // n
     total = groups * n
     lengths = [1 + i * (max_tokens - 1) // max(1, total - 1) for i in range(total)]
@@ -102,3 +109,17 @@ class BackgroundTrainer:
 
 def s_per_token(step_s: list[float], tokens: int) -> float:
     return statistics.median(step_s) / tokens
+
+
+def fit_step(long_s: list[float], long_tokens: int, short_s: list[float],
+             short_tokens: int) -> tuple[float, float]:
+    """(fixed seconds per step, seconds per token) through the medians of two batch sizes; a slope
+    the noise made negative or a negative intercept falls back to proportional (fixed 0)."""
+    a, b = statistics.median(long_s), statistics.median(short_s)
+    if long_tokens <= short_tokens:
+        return 0.0, a / long_tokens
+    slope = (a - b) / (long_tokens - short_tokens)
+    fixed = a - slope * long_tokens
+    if slope <= 0 or fixed < 0:
+        return 0.0, a / long_tokens
+    return fixed, slope
