@@ -33,6 +33,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cost-a", type=float, default=CostModel.a, help="seconds per decode step")
     p.add_argument("--cost-b", type=float, default=CostModel.b, help="seconds per sequence per step")
     p.add_argument("--cost-c", type=float, default=CostModel.c, help="seconds per KV token per step")
+    p.add_argument("--split-units", action="store_true",
+                   help="cut units smaller wherever that evens the instances' predicted tokens (for "
+                        "executors that stream an instance's units through continuous batching)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the plan (asp-plan/1 JSON) here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -54,6 +57,7 @@ def main(argv: list[str]) -> int:
         max_num_seqs=args.max_num_seqs,
         max_lag=args.max_lag,
         train_step_s=args.train_step_s,
+        split_units=args.split_units,
         cost=cost,
         seed=args.seed,
     )

@@ -16,7 +16,8 @@ Planning -- `asp_npu.schedule.planner`::
     PlannerConfig(num_instances: int, minibatch: int,            # minibatch counts samples
                   group_size: int, max_num_seqs: int = 256,      # slots per instance
                   max_lag: int = 1, train_step_s: float = 0.0,   # trainer seconds per minibatch
-                  cost: CostModel = CostModel(), seed: int = 0)
+                  cost: CostModel = CostModel(), seed: int = 0,
+                  split_units: bool = False)                     # see "Skewness" below
     plan(groups: Groups, cfg: PlannerConfig) -> RolloutPlan      # deterministic for cfg.seed
 
 Baselines with the same inputs -- `asp_npu.schedule.baselines`::
@@ -31,7 +32,10 @@ Baselines with the same inputs -- `asp_npu.schedule.baselines`::
 Skewness balances predicted *tokens* per instance (`asp_npu.schedule.skewness`: rows of groups dealt
 one per instance, units cut per instance, then group swaps between neighbouring lengths); the spread
 of the instance loads is at most the largest unit, and equal to Karmarkar-Karp's on predictions
-whenever every instance gets several units (benchmarks/plan_balance.py).
+whenever every instance gets several units (benchmarks/plan_balance.py). Where full units are too
+coarse for that (few units per instance), `planner.recut_units` cuts the same length ranks into
+smaller, still length-homogeneous units -- by default only where a blocking per-unit executor stays
+as fast on the cost model, with `split_units=True` wherever it evens the predicted tokens.
 
 Cost model -- `asp_npu.schedule.cost.CostModel(a=0.0535, b=0.00035, c=0.0)`: one decode step of a
 continuous batch takes `a + b*batch + c*kv_tokens` seconds (defaults: public Ascend figure, ANCHORS.md).

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from asp_npu.cli import main as cli_main
@@ -187,3 +188,18 @@ def test_console_entry_has_no_traceback(tmp_path) -> None:
         timeout=60,
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_split_units_evens_the_predicted_tokens_where_full_units_bind(tmp_path, trace_path) -> None:
+    """120 prompts x 4 on 16 instances with 64-slot units: ~8 units, so full units cannot balance."""
+    loads = {}
+    for flag in ([], ["--split-units"]):
+        out = tmp_path / f"plan{len(flag)}.json"
+        assert cli_main(["plan", "--trace", str(trace_path), "--epoch", "2", "--instances", "16",
+                         "--minibatch", "32", "--max-num-seqs", "64", "--out", str(out), *flag]) == 0
+        p = RolloutPlan.read_json(out)
+        assert p.num_samples == 480
+        unit_of_sample = np.repeat(np.arange(p.unit_instance.size), np.diff(p.unit_offsets))
+        tokens = np.bincount(p.unit_instance[unit_of_sample], weights=p.sample_predicted_len, minlength=16)
+        loads[bool(flag)] = float(tokens.max() / tokens.mean())
+    assert loads[True] < loads[False]
