@@ -30,7 +30,7 @@ import os
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -251,16 +251,35 @@ class RolloutInstance:
         t_end = max(released, default=time.time())
         self.unit_events.append({"event": "unit_finish", "t": t_end, "unit": spec.unit})
 
+    def _release(self, k: int) -> float:
+        """Give `k` sequence slots back to admission (a finished sample no longer runs in vLLM);
+        returns the time, taken before a waiting unit can start in the slots."""
+        t = time.time()
+        self._slots_used -= k
+        if self._slots_freed is not None:
+            self._slots_freed.set()
+        return t
+
     async def _run_group(self, unit: int, pid: str, idxs: list[int], sampling: SamplingSettings) -> float:
-        """Generate one group and deliver it when whole; returns when its slots were released."""
+        """Generate one group and deliver it when whole; returns when its last slot was released.
+
+        Each sample gives its slot back as it finishes, as vLLM frees its sequence, so a group whose
+        long sample still decodes holds one slot, not `len(idxs)`."""
         item = self.prompts.get(pid)
+        held, released = len(idxs), time.time()
+
+        def done_one() -> None:
+            nonlocal held, released
+            if held > 0:
+                held -= 1
+                released = self._release(1)
+
         try:
-            trajs = await self._generate_group(unit, pid, item, idxs, sampling)
+            trajs = await self._generate_group(unit, pid, item, idxs, sampling, done_one)
         finally:
-            self._slots_used -= len(idxs)
-            released = time.time()
-            if self._slots_freed is not None:
-                self._slots_freed.set()
+            if held:
+                released = self._release(held)
+                held = 0
         if trajs is None:
             return released
         for t in trajs:
@@ -275,15 +294,25 @@ class RolloutInstance:
         return released
 
     async def _generate_group(
-        self, unit: int, pid: str, item: PromptItem | None, idxs: list[int], sampling: SamplingSettings
+        self, unit: int, pid: str, item: PromptItem | None, idxs: list[int], sampling: SamplingSettings,
+        done_one: Callable[[], None],
     ) -> list[Trajectory] | None:
-        """The group's samples, or None after recording why it failed (one bad prompt must not stop us)."""
+        """The group's samples (`done_one()` as each finishes), or None after recording why it failed
+        (one bad prompt must not stop us)."""
         try:
             if item is None:
                 raise UserError(
                     f"prompt '{pid}' of unit {unit} was never given to instance {self.instance_id}"
                 )
-            return await self.engine.generate(item, replace(sampling, n=len(idxs)), idxs)
+            one = replace(sampling, n=1)
+
+            async def sample(i: int) -> Trajectory:
+                try:
+                    return (await self.engine.generate(item, one, [i]))[0]
+                finally:
+                    done_one()
+
+            return list(await asyncio.gather(*(sample(i) for i in idxs)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

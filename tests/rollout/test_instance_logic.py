@@ -19,7 +19,7 @@ from asp_npu.types import PromptItem, Trajectory
 
 
 class TimedFakeEngine:
-    """Each sample takes `meta['len']` milliseconds; concurrency is unlimited."""
+    """Each sample takes `meta['len']` (or `meta['lens'][i]`) milliseconds; concurrency is unlimited."""
 
     def __init__(self) -> None:
         self.activity = ActivityLog()
@@ -41,9 +41,9 @@ class TimedFakeEngine:
         async def one(i: int) -> Trajectory:
             self.activity.start(item.prompt_id, i)
             t0 = time.time()
-            await asyncio.sleep(item.meta["len"] / 1000)
+            n = item.meta["lens"][i] if "lens" in item.meta else item.meta["len"]
+            await asyncio.sleep(n / 1000)
             self.activity.finish(item.prompt_id, i)
-            n = item.meta["len"]
             return Trajectory(
                 item.prompt_id,
                 i,
@@ -128,6 +128,26 @@ def test_continuous_admission_overlaps_units_within_capacity():
     assert starts[1] < ends[0] and starts[2] < ends[0]  # short units ran beside the long one
     starts, ends = asyncio.run(scenario(cap=2))
     assert starts[1] >= ends[0]  # no free slot: the next unit waits
+
+
+def test_a_finished_sample_gives_its_slot_back_while_its_group_still_decodes():
+    """Two slots, a group of a 150 ms and a 20 ms sample: the next unit starts in the short one's
+    slot after ~20 ms, not when the whole group ends; the group is still delivered whole, once."""
+    async def scenario():
+        inst = make_instance("continuous", max_num_seqs=2)
+        await inst.add_prompts([PromptItem("a", meta={"lens": [150, 20]}), PromptItem("b", meta={"len": 20})])
+        await inst.submit_units([unit(0, ["a"]), unit(1, ["b"], n=1)])
+        assert await inst.wait_idle(5)
+        stats = await inst.stats()
+        groups = await inst.poll()
+        await inst.shutdown()
+        ev = stats["unit_events"]
+        return ({e["unit"]: e["t"] for e in ev if e["event"] == "unit_start"},
+                {e["unit"]: e["t"] for e in ev if e["event"] == "unit_finish"}, groups)
+
+    starts, ends, groups = asyncio.run(scenario())
+    assert starts[1] < ends[0] - 0.08  # admitted while the long sample still ran
+    assert sorted((len(g), g[0].prompt_id) for g in groups) == [(1, "b"), (2, "a")]
 
 
 def test_group_split_across_units_is_delivered_once_complete():
