@@ -90,6 +90,7 @@ CALIB_FIELDS = {
     "trainer_step_s": "train_step_s",
     "core_sharing.decode_slowdown": "share_decode_slowdown",
     "core_sharing.train_slowdown": "share_train_slowdown",
+    "core_sharing.colocated_decode_slowdown": "colocated_decode_slowdown",
 }
 COLOCATED_TRAINER = "trainer_s_per_token_colocated"  # the colocated modes' trainer (every core)
 COLOCATED_STEP = "trainer_step_s_colocated"
@@ -403,6 +404,8 @@ def per_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def sharing_cell(r: dict[str, Any]) -> str:
     sh = r["simulated"]["core_sharing"]
+    if "colocated_decode_slowdown" in sh:
+        return f"colocated decode x{sh['colocated_decode_slowdown']:.2f}"
     if not sh.get("applied"):
         return "-"
     return (f"{sh['decode_factor']:.2f} ({sh['decode_overlap']:.0%} of decode overlapped) / "

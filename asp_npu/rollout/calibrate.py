@@ -294,16 +294,30 @@ def measure_sharing(
         for e in extra:
             e.shutdown()
     pin_process(all_cores)  # a colocated trainer is placed on every core, not on engine 0's
-    ccfg, _ = _placed(cfg, kind, "mindspeed-sync")
+    ccfg, cplace = _placed(cfg, kind, "mindspeed-sync")
     cact = ccfg.actor_config
     cworld = cact.tensor_model_parallel_size * cact.pipeline_model_parallel_size * cact.data_parallel_size
-    group = TrainerGroup(ccfg)
+    co_extra: list[Any] = []
+    co_alone, co_shared = [], []
     try:
-        timed_steps(group, batch, 1)
-        c_steps = timed_steps(group, batch, max(3, repeats + 1))
-        c_short = timed_steps(group, short, max(3, repeats + 1))
+        for cores in (cplace.instance_cores[1:] if cplace is not None else []):
+            pin_process(list(cores))  # a colocated mode's other instances, on their own cores
+            co_extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), gen.kv_cache_gib)))
+        pin_process(all_cores)
+        for r in range(repeats + 1 if co_extra else 0):  # engine 0 alone, then with every instance busy
+            co_alone.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+            with _Busy(loop, co_extra, d_batch, busy_tokens, 100 * r + 70):
+                co_shared.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+        group = TrainerGroup(ccfg)  # trains while the colocated instances sit idle, as in the run
+        try:
+            timed_steps(group, batch, 1)
+            c_steps = timed_steps(group, batch, max(3, repeats + 1))
+            c_short = timed_steps(group, short, max(3, repeats + 1))
+        finally:
+            group.shutdown()
     finally:
-        group.shutdown()
+        for e in co_extra:
+            e.shutdown()
     return {
         **out,
         "batch_samples": batch.num_samples,
@@ -313,7 +327,8 @@ def measure_sharing(
         "trainer_colocated": _trainer_fit(c_steps, c_short, tokens, short_tokens, cworld,
                                           max(1, cact.num_threads)),
         "sharing": {"decode_batch": d_batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
-                    "train_alone_s": t_alone, "train_shared_s": t_shared},
+                    "train_alone_s": t_alone, "train_shared_s": t_shared,
+                    "colocated_decode_alone_s": co_alone, "colocated_decode_shared_s": co_shared},
     }
 
 

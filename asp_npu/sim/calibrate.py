@@ -13,6 +13,9 @@ Schema `asp-calib/1`. The trainer fields (null when the trainer was not measured
 - `core_sharing`: `decode_slowdown` / `train_slowdown`, the medians of the paired ratios (shared over
   alone) measured in the run's placement; 1.0 where the placement keeps them apart and nothing
   interferes. The simulator applies each while the other side is busy (asp_npu/sim/contention.py).
+  `colocated_decode_slowdown`: engine 0's decode step while every instance of a colocated mode
+  decodes beside it on its own cores, over alone (the cores share caches and memory bandwidth);
+  the simulator applies it to a colocated mode's rollout, where every instance always decodes at once.
 """
 
 from __future__ import annotations
@@ -70,9 +73,12 @@ def sharing(p: dict[str, Any]) -> dict[str, float]:
     """Slowdown factors: medians of the paired (shared / alone) ratios, never below 1 (noise)."""
     dec = [b / a for a, b in zip(p["decode_alone_s"], p["decode_shared_s"], strict=True) if a > 0]
     tr = [b / a for a, b in zip(p["train_alone_s"], p["train_shared_s"], strict=True) if a > 0]
+    co = [b / a for a, b in zip(p.get("colocated_decode_alone_s", []), p.get("colocated_decode_shared_s", []),
+                                strict=True) if a > 1e-5 and b > 1e-5]
     return {
         "decode_slowdown": max(1.0, statistics.median(dec)) if dec else 1.0,
         "train_slowdown": max(1.0, statistics.median(tr)) if tr else 1.0,
+        "colocated_decode_slowdown": max(1.0, statistics.median(co)) if co else 1.0,
     }
 
 

@@ -102,9 +102,19 @@ def simulate_shared(
     base: SimCost, colocated: bool, run: Callable[[SimCost], Any], iteration_s: Callable[[Any], float]
 ) -> tuple[Any, dict[str, Any]]:
     """Run `run(cost)` to the mean-field fixed point (module docstring); returns the last result and
-    what the sharing did (factors, overlaps, rounds). `iteration_s(result)` is its mean iteration time."""
+    what the sharing did (factors, overlaps, rounds). `iteration_s(result)` is its mean iteration time.
+    A colocated mode runs once, its decode at `colocated_decode_slowdown` (all instances decode at once)."""
     sharing = base.share_decode_slowdown > 1.0 or base.share_train_slowdown > 1.0
-    if colocated or not sharing:
+    if colocated:
+        f = base.colocated_decode_slowdown
+        co = replace(base, decode_a=base.decode_a * f, decode_b=base.decode_b * f,
+                     decode_c=base.decode_c * f, share_decode_slowdown=1.0, share_train_slowdown=1.0,
+                     colocated_decode_slowdown=1.0)
+        info: dict[str, Any] = {"applied": False}
+        if f > 1.0:
+            info["colocated_decode_slowdown"] = f
+        return run(co), info
+    if not sharing:
         plain = replace(base, share_decode_slowdown=1.0, share_train_slowdown=1.0)
         return run(plain), {"applied": False}
     o_r = o_t = 0.0

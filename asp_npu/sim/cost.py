@@ -42,6 +42,9 @@ class SimCost:
     # this many times longer while the other side is busy (measured by `asp-npu calibrate`; 1 = apart)
     share_decode_slowdown: float = 1.0
     share_train_slowdown: float = 1.0
+    # a colocated mode's instances always decode at once on neighbouring cores: each decode step takes
+    # this many times longer than one instance's alone (caches, memory bandwidth; `asp-npu calibrate`)
+    colocated_decode_slowdown: float = 1.0
 
     def validate(self) -> list[str]:
         bad = []

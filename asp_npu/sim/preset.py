@@ -317,7 +317,8 @@ def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
     share = d.get("core_sharing") or {}
     if not isinstance(share, dict):
         raise UserError(f"{path}: core_sharing must be an object")
-    pairs = (("decode_slowdown", "share_decode_slowdown"), ("train_slowdown", "share_train_slowdown"))
+    pairs = (("decode_slowdown", "share_decode_slowdown"), ("train_slowdown", "share_train_slowdown"),
+             ("colocated_decode_slowdown", "colocated_decode_slowdown"))
     for key, attr in pairs:
         if share.get(key) is not None:
             try:

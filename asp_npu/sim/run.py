@@ -98,7 +98,7 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
                                    lambda r: float(np.diff(np.r_[0.0, r.iteration_ends]).mean()))
     elapsed = time.perf_counter() - t0
     out = metrics(res, workload)
-    if sharing["applied"]:
+    if sharing["applied"] or "colocated_decode_slowdown" in sharing:
         out["core_sharing"] = sharing
     bound = limit(preset, workload, spec.colocated, spec.barrier)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0

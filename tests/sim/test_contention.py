@@ -79,6 +79,19 @@ def test_sharing_slows_asynchronous_modes_only_and_within_the_bounds(tmp_path: P
     assert "core_sharing" not in sync_s
 
 
+def test_a_colocated_mode_decodes_at_the_colocated_slowdown_and_nothing_else_changes() -> None:
+    from dataclasses import replace
+
+    base = load_preset("tiny")
+    slow = replace(base, cost=replace(base.cost, colocated_decode_slowdown=1.5))
+    w = build_workload(base)
+    sync0, sync1 = (simulate(p, w, "mindspeed-sync") for p in (base, slow))
+    asp0, asp1 = (simulate(p, w, "asp") for p in (base, slow))
+    assert sync1.metrics["iteration_time_mean_s"] > sync0.metrics["iteration_time_mean_s"]
+    assert sync1.metrics["core_sharing"]["colocated_decode_slowdown"] == 1.5
+    assert asp1.metrics["iteration_time_mean_s"] == asp0.metrics["iteration_time_mean_s"]  # not colocated
+
+
 def test_calibration_carries_trainer_and_sharing(tmp_path: Path) -> None:
     tr = {
         "trainer": {"device_s_per_token": 4e-4},
@@ -91,8 +104,12 @@ def test_calibration_carries_trainer_and_sharing(tmp_path: Path) -> None:
     d = calibration("m", points, {})
     assert d["trainer_s_per_token"] == 4e-4 and d["trainer_s_per_token_colocated"] == 9e-4
     # a ratio below 1 is noise: clamped to 1
-    assert d["core_sharing"] == {"decode_slowdown": pytest.approx(2.0), "train_slowdown": 1.0}
+    assert d["core_sharing"] == {"decode_slowdown": pytest.approx(2.0), "train_slowdown": 1.0,
+                                 "colocated_decode_slowdown": 1.0}  # not measured: 1
     assert sharing(tr["sharing"])["decode_slowdown"] == pytest.approx(2.0)
+    co = {**tr["sharing"], "colocated_decode_alone_s": [0.01, 0.0, 0.01],
+          "colocated_decode_shared_s": [0.014, 0.02, 0.016]}
+    assert sharing(co)["colocated_decode_slowdown"] == pytest.approx(1.5)  # the floored 0.0 pair dropped
     bad = _calib(tmp_path / "bad.json", 0.5, None)
     with pytest.raises(UserError, match="core_sharing.decode_slowdown"):
         load_preset("cpu", calib=str(bad))
