@@ -24,9 +24,10 @@ def window_prompts(cfg: Config) -> int:
 
 
 def trainer_world(cfg: Config) -> int:
-    """Trainer ranks: TP x PP x DP."""
+    """Trainer ranks: TP x PP x CP x DP."""
     a = cfg.actor_config
-    return a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.data_parallel_size
+    return (a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+            * a.data_parallel_size)
 
 
 def shape_problems(cfg: Config) -> list[str]:

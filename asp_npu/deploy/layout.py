@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from asp_npu.config import COLOCATED_MODES, Config
+from asp_npu.core.shape import trainer_world
 from asp_npu.deploy.arch import TRAINER_CANNOT_BUILD, Arch, resolve_arch
 from asp_npu.deploy.memory import (
     GIB,
@@ -348,13 +349,6 @@ def _memory(cfg: Config, arch: Arch, lay: Layout) -> None:
         )
 
 
-def trainer_world_size(cfg: Config) -> int:
-    """Trainer ranks: TP x PP x CP x DP (megatron's world size)."""
-    act = cfg.actor_config
-    return (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.context_parallel_size
-            * act.data_parallel_size)
-
-
 def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None) -> Layout:
     """Only the placement: which node and devices each rollout instance and trainer TP group gets
     (`problems` says what does not fit). `plan_layout` adds the model and memory checks; the fleet
@@ -367,7 +361,7 @@ def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None)
     if colocated:  # every NPU generates, as MindSpeed-RL's integrated worker (asp_npu.pipeline.modes)
         instances = max(instances, nodes * npus_per_node // per_instance)
     rollout = instances * per_instance
-    trainer = trainer_world_size(cfg)
+    trainer = trainer_world(cfg)
     lay = Layout(nodes, npus_per_node, card, cfg.rl_config.mode, colocated, rollout, trainer)
     if npus_per_node > card.npus_per_node:
         lay.problems.append(

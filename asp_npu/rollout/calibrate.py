@@ -242,6 +242,7 @@ def measure_sharing(
     slowdowns (module docstring). Engine 0 is `engine`; the run's other instances are built here."""
     import psutil  # type: ignore[import-untyped]
 
+    from asp_npu.core.shape import trainer_world
     from asp_npu.device import pin_process, rollout_env
     from asp_npu.rollout.vllm_engine import VLLMEngine
     from asp_npu.trainer.calibrate import BackgroundTrainer, batch_tokens, calibration_batch, timed_steps
@@ -269,7 +270,7 @@ def measure_sharing(
     short = calibration_batch(acfg, length_scale=0.25)  # same samples, answers a quarter as long
     tokens, short_tokens = batch_tokens(batch), batch_tokens(short)
     act = acfg.actor_config
-    world = act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+    world = trainer_world(acfg)
     d_batch, d_tokens = max(1, gen.max_num_seqs // 2), 32 if quick else 64
     busy_tokens = max(8, min(4 * d_tokens, engine.max_model_len - 20))  # prompts are 16 tokens
     rng = random.Random(7)
@@ -296,7 +297,7 @@ def measure_sharing(
     pin_process(all_cores)  # a colocated trainer is placed on every core, not on engine 0's
     ccfg, cplace = _placed(cfg, kind, "mindspeed-sync")
     cact = ccfg.actor_config
-    cworld = cact.tensor_model_parallel_size * cact.pipeline_model_parallel_size * cact.data_parallel_size
+    cworld = trainer_world(ccfg)
     co_extra: list[Any] = []
     co_alone, co_shared = [], []
     try:

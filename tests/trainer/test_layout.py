@@ -96,7 +96,13 @@ def test_uneven_stages_must_sum_to_the_layers_and_match_pp():
 
 
 def test_context_parallel_counts_in_the_world_size():
+    from asp_npu.config import Config
+    from asp_npu.core.shape import trainer_world
+
     assert check_layout(DIMS, 1, 1, 1, 2, cp=2).world_size == 2
+    cfg = Config()
+    cfg.actor_config.context_parallel_size, cfg.actor_config.tensor_model_parallel_size = 2, 2
+    assert trainer_world(cfg) == 4  # the placement reserves every context-parallel rank
     assert "world size 2 != " in layout_problems(DIMS, 1, 1, 2, 2, cp=2)[0]
 
 
