@@ -3,7 +3,8 @@
 Units arrive through `submit_units` (the whole plan at once, or paced by the controller's admission
 control) and run in order. `admission="unit"` runs a unit as one batch and starts the next when it
 ends (the planner's cost model; padding bubbles are what a unit's tail leaves idle);
-`admission="continuous"` starts the next unit as soon as its samples fit in the free slots.
+`admission="continuous"` starts each group of the next unit as soon as its samples fit in the free
+slots (vLLM's continuous batching: a finished sample frees its slot; units keep their order).
 Each GRPO group is streamed out the moment its last sample finishes — to a sink actor's
 `put_group(list[Trajectory])` and/or to `poll()` — not at the end of the plan.
 
@@ -218,22 +219,31 @@ class RolloutInstance:
                 while self._running_units:
                     await asyncio.wait(set(self._running_units))
             else:
-                cap = self.settings.max_num_seqs
-                while self._running_units and self._slots_used + len(spec.samples) > cap:
-                    self._slots_freed.clear()  # no await between the check and the wait: no lost wake-up
-                    await self._slots_freed.wait()
-            wait_admitting = getattr(self.engine, "wait_admitting", None)
-            if wait_admitting is not None:  # no unit starts while paused or refreshing weights
-                await wait_admitting()
+                await self._room(len(next(iter(spec.groups().values()), [])))
+            await self._admitting()
             self._queue.popleft()
-            self._slots_used += len(spec.samples)
-            task = asyncio.get_running_loop().create_task(self._run_unit(spec, sampling))
+            admitted = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(self._run_unit(spec, sampling, admitted))
             self._running_units.add(task)
             task.add_done_callback(self._running_units.discard)
-            if self.admission == "unit":
-                await asyncio.sleep(0)
+            await admitted.wait()  # the unit's groups are all running before the next unit's may start
 
-    async def _run_unit(self, spec: UnitSpec, sampling: SamplingSettings) -> None:
+    async def _room(self, k: int) -> None:
+        """Wait until `k` more sequences fit in the free slots (or nothing runs: a group larger
+        than the instance still runs alone)."""
+        assert self._slots_freed is not None
+        while self._slots_used > 0 and self._slots_used + k > self.settings.max_num_seqs:
+            self._slots_freed.clear()  # no await between the check and the wait: no lost wake-up
+            await self._slots_freed.wait()
+
+    async def _admitting(self) -> None:
+        wait_admitting = getattr(self.engine, "wait_admitting", None)
+        if wait_admitting is not None:  # nothing starts while paused or refreshing weights
+            await wait_admitting()
+
+    async def _run_unit(self, spec: UnitSpec, sampling: SamplingSettings, admitted: asyncio.Event) -> None:
+        """Start the unit's groups (under continuous admission each once its slots are free), then
+        wait for them; `admitted` is set once every group runs."""
         self.unit_events.append(
             {
                 "event": "unit_start",
@@ -243,9 +253,18 @@ class RolloutInstance:
                 "target_step": spec.target_step,
             }
         )
-        released = await asyncio.gather(
-            *(self._run_group(spec.unit, pid, idxs, sampling) for pid, idxs in spec.groups().items())
-        )
+        loop = asyncio.get_running_loop()
+        groups = []
+        try:
+            for k, (pid, idxs) in enumerate(spec.groups().items()):
+                if k and self.admission != "unit":
+                    await self._room(len(idxs))
+                    await self._admitting()
+                self._slots_used += len(idxs)
+                groups.append(loop.create_task(self._run_group(spec.unit, pid, idxs, sampling)))
+        finally:
+            admitted.set()
+        released = await asyncio.gather(*groups)
         # the unit ends when its last slot is released: with continuous admission the next unit may
         # start in that same instant, before this coroutine resumes
         t_end = max(released, default=time.time())

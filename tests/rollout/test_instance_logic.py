@@ -150,6 +150,23 @@ def test_a_finished_sample_gives_its_slot_back_while_its_group_still_decodes():
     assert sorted((len(g), g[0].prompt_id) for g in groups) == [(1, "b"), (2, "a")]
 
 
+def test_continuous_admission_starts_each_group_of_a_unit_as_its_slots_free():
+    """Three slots, a running 2-sample group; the next unit's two 1-sample groups need two slots: the
+    first starts in the free slot at once, the second in the same slot when the first ends -- both
+    long before the running group ends (a whole-unit admission would have waited for it)."""
+    async def scenario():
+        inst = make_instance("continuous", max_num_seqs=3)
+        await inst.add_prompts(prompts({"a": 200, "b": 30, "c": 30}))
+        await inst.submit_units([unit(0, ["a"]), unit(1, ["b", "c"], n=1)])
+        assert await inst.wait_idle(5)
+        groups = await inst.poll()
+        await inst.shutdown()
+        return {g[0].prompt_id: max(t.t_finished for t in g) for g in groups}
+
+    done = asyncio.run(scenario())
+    assert done["b"] < done["c"] < done["a"] - 0.08
+
+
 def test_group_split_across_units_is_delivered_once_complete():
     async def scenario():
         inst = make_instance("unit")
