@@ -27,7 +27,7 @@ def ray_local():
 
     for k, v in loopback_env().items():
         os.environ.setdefault(k, v)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="error")
     yield ray
     ray.shutdown()
 

@@ -89,7 +89,7 @@ class Trainer:
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="error")
     yield ray
     ray.shutdown()
 

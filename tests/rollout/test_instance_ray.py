@@ -20,7 +20,9 @@ GROUP = 4
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     yield ray
     ray.shutdown()
 
