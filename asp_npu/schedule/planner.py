@@ -339,6 +339,27 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
     inst_of_rank, full = deal(groups.mean[order], k, c)
     if full < MIN_DEAL_ROWS * k * c:  # too few rows: dealt units would span too wide a length range
         inst_of_rank, full = inst_of_rank[:0], 0
+    kept, loads = _full_units(groups, cfg, c, order, rank, inst_of_rank, full)
+    floor = max(float(loads.mean()), float(groups.mean.max()))  # no split lowers the heaviest group
+    if k < 2 or cfg.max_lag < 1 or loads.max() <= floor * (1 + RECUT_TRIGGER):
+        return kept
+    layouts = [recut_units(groups, cfg, c, order, rank, inst_of_rank, full)]
+    if cfg.split_units and full == 0:  # also rows of smaller units: the same mix of lengths everywhere
+        per_mb = cfg.minibatch // cfg.group_size
+        small = max((d for d in divisors(per_mb) if d <= c and n_groups >= MIN_DEAL_ROWS * k * d), default=1)
+        inst_small, full_small = deal(groups.mean[order], k, small)
+        if full_small:
+            layouts.append(recut_units(groups, cfg, small, order, rank, inst_small, full_small))
+    best = _best_recut(groups, cfg, layouts, kept, float(loads.max()))
+    return kept if best is None else best
+
+
+def _full_units(
+    groups: Groups, cfg: PlannerConfig, c: int, order: np.ndarray, rank: np.ndarray,
+    inst_of_rank: np.ndarray, full: int,
+) -> tuple[tuple[UnitTable, np.ndarray, np.ndarray], np.ndarray]:
+    """The layout of full units of `c` groups, polished, and each instance's predicted tokens."""
+    k = cfg.num_instances
     by_instance = np.argsort(inst_of_rank, kind="stable")  # each instance's ranks, ascending
     rest_order, rest_offsets = cut_units(order[full:], c)
     group_order = np.concatenate([order[by_instance], rest_order])
@@ -362,20 +383,19 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
     inst_at = np.repeat(assign, np.diff(offsets))
     swapped = polish(groups.mean, group_order, inst_at, rank, k, window=POLISH_WINDOW_ROWS * k)
     kept = unit_table(groups, cfg, swapped, offsets, c), assign, movable
-    loads = np.bincount(inst_at, weights=groups.mean[swapped], minlength=k)
-    floor = max(float(loads.mean()), float(groups.mean.max()))  # no split lowers the heaviest group
-    if k < 2 or cfg.max_lag < 1 or loads.max() <= floor * (1 + RECUT_TRIGGER):
-        return kept
-    layouts = [recut_units(groups, cfg, c, order, rank, inst_of_rank, full)]
-    if cfg.split_units and full == 0:  # also rows of smaller units: the same mix of lengths everywhere
-        per_mb = cfg.minibatch // cfg.group_size
-        small = max((d for d in divisors(per_mb) if d <= c and n_groups >= MIN_DEAL_ROWS * k * d), default=1)
-        inst_small, full_small = deal(groups.mean[order], k, small)
-        if full_small:
-            layouts.append(recut_units(groups, cfg, small, order, rank, inst_small, full_small))
-    busy = np.bincount(assign, weights=kept[0].seconds, minlength=k)
+    return kept, np.bincount(inst_at, weights=groups.mean[swapped], minlength=k)
+
+
+def _best_recut(
+    groups: Groups, cfg: PlannerConfig, layouts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    kept: tuple[UnitTable, np.ndarray, np.ndarray], kept_max: float,
+) -> tuple[UnitTable, np.ndarray, np.ndarray] | None:
+    """The re-cut layout with the lowest busiest-instance tokens below `kept_max`, loads within its
+    largest unit, and (without `split_units`) no busier for a blocking per-unit executor; else None."""
+    k = cfg.num_instances
+    busy = np.bincount(kept[1], weights=kept[0].seconds, minlength=k)
     best: tuple[UnitTable, np.ndarray, np.ndarray] | None = None
-    best_max = float(loads.max()) * (1 - 1e-9)
+    best_max = kept_max * (1 - 1e-9)
     for r_order, r_offsets, r_assign in layouts:
         r_loads = np.bincount(np.repeat(r_assign, np.diff(r_offsets)), groups.mean[r_order], minlength=k)
         r_largest = float(np.add.reduceat(groups.mean[r_order], r_offsets[:-1]).max())
@@ -389,7 +409,7 @@ def skewed_units(groups: Groups, cfg: PlannerConfig, c: int) -> tuple[UnitTable,
             continue  # a blocking per-unit executor would be busier
         r_units = UnitTable(r_order, r_offsets, seconds, np.diff(r_offsets) * cfg.group_size, -1)
         best, best_max = (r_units, r_assign, np.ones(r_assign.size, dtype=bool)), float(r_loads.max())
-    return kept if best is None else best
+    return best
 
 
 def recut_units(
