@@ -271,10 +271,9 @@ def measure_sharing(
     tokens, short_tokens = batch_tokens(batch), batch_tokens(short)
     act = acfg.actor_config
     world = trainer_world(acfg)
-    d_batch, d_tokens = max(1, gen.max_num_seqs // 2), 32 if quick else 64
-    busy_tokens = max(8, min(4 * d_tokens, engine.max_model_len - 20))  # prompts are 16 tokens
-    rng = random.Random(7)
-    vocab = len(engine.tokenizer)
+    d_tokens = 32 if quick else 64
+    probe = _Probe(loop, engine, random.Random(7), max(1, gen.max_num_seqs // 2), d_tokens,
+                   max(8, min(4 * d_tokens, engine.max_model_len - 20)))  # prompts are 16 tokens
     d_alone, d_shared, t_alone, t_shared = [], [], [], []
     group = TrainerGroup(acfg)
     if placement is not None and placement.disjoint:
@@ -282,33 +281,81 @@ def measure_sharing(
     try:
         timed_steps(group, batch, 2)  # warm-up
         for r in range(repeats + 1):
-            with _Busy(loop, extra, d_batch, busy_tokens, 100 * r):
-                d_alone.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+            with probe.busy(extra, 100 * r):
+                d_alone.append(probe.decode())
                 with BackgroundTrainer(group, batch):
-                    d_shared.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+                    d_shared.append(probe.decode())
             t_alone.append(statistics.median(timed_steps(group, batch, 2)))
-            with _Busy(loop, [engine, *extra], d_batch, busy_tokens, 100 * r + 50):
+            with probe.busy([engine, *extra], 100 * r + 50):
                 t_shared.append(statistics.median(timed_steps(group, batch, 2)))
         t_short = timed_steps(group, short, max(3, repeats + 1))
     finally:
         group.shutdown()
         for e in extra:
             e.shutdown()
+    co_alone, co_shared, c_steps, c_short, cworld, cthreads = _measure_colocated(
+        cfg, kind, settings, all_cores, repeats, probe, batch, short
+    )
+    return {
+        **out,
+        "batch_samples": batch.num_samples,
+        "batch_tokens": tokens,
+        "short_batch_tokens": short_tokens,
+        "trainer": _trainer_fit(t_alone, t_short, tokens, short_tokens, world, max(1, act.num_threads)),
+        "trainer_colocated": _trainer_fit(c_steps, c_short, tokens, short_tokens, cworld, cthreads),
+        "sharing": {"decode_batch": probe.batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
+                    "train_alone_s": t_alone, "train_shared_s": t_shared,
+                    "colocated_decode_alone_s": co_alone, "colocated_decode_shared_s": co_shared},
+    }
+
+
+@dataclass
+class _Probe:
+    """Engine 0's timed decode step, and the load that keeps other engines decoding meanwhile."""
+
+    loop: Any
+    engine: Any
+    rng: random.Random
+    batch: int
+    tokens: int
+    busy_tokens: int
+
+    def decode(self) -> Any:
+        vocab = len(self.engine.tokenizer)
+        return self.loop.run(_decode_step(self.engine, self.rng, self.batch, 16, self.tokens, 16, vocab))
+
+    def busy(self, engines: list[Any], tag: int) -> _Busy:
+        return _Busy(self.loop, engines, self.batch, self.busy_tokens, tag)
+
+
+def _measure_colocated(
+    cfg: Config, kind: DeviceKind, settings: Any, all_cores: list[int], repeats: int, probe: _Probe,
+    batch: Any, short: Any,
+) -> tuple[list[Any], list[Any], list[float], list[float], int, int]:
+    """A colocated mode's numbers: engine 0's decode alone and with every colocated instance busy,
+    and the trainer on every core (both batch shapes) while the instances sit idle, as in the run.
+    Returns (decode alone, decode shared, long steps, short steps, trainer world, trainer threads)."""
+    from asp_npu.core.shape import trainer_world
+    from asp_npu.device import pin_process, rollout_env
+    from asp_npu.rollout.vllm_engine import VLLMEngine
+    from asp_npu.trainer.calibrate import timed_steps
+    from asp_npu.trainer.group import TrainerGroup
+
     pin_process(all_cores)  # a colocated trainer is placed on every core, not on engine 0's
     ccfg, cplace = _placed(cfg, kind, "mindspeed-sync")
     cact = ccfg.actor_config
-    cworld = trainer_world(ccfg)
     co_extra: list[Any] = []
     co_alone, co_shared = [], []
+    kv_gib = cfg.generate_config.kv_cache_gib
     try:
         for cores in (cplace.instance_cores[1:] if cplace is not None else []):
             pin_process(list(cores))  # a colocated mode's other instances, on their own cores
-            co_extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), gen.kv_cache_gib)))
+            co_extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), kv_gib)))
         pin_process(all_cores)
         for r in range(repeats + 1 if co_extra else 0):  # engine 0 alone, then with every instance busy
-            co_alone.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
-            with _Busy(loop, co_extra, d_batch, busy_tokens, 100 * r + 70):
-                co_shared.append(loop.run(_decode_step(engine, rng, d_batch, 16, d_tokens, 16, vocab)))
+            co_alone.append(probe.decode())
+            with probe.busy(co_extra, 100 * r + 70):
+                co_shared.append(probe.decode())
         group = TrainerGroup(ccfg)  # trains while the colocated instances sit idle, as in the run
         try:
             timed_steps(group, batch, 1)
@@ -319,18 +366,7 @@ def measure_sharing(
     finally:
         for e in co_extra:
             e.shutdown()
-    return {
-        **out,
-        "batch_samples": batch.num_samples,
-        "batch_tokens": tokens,
-        "short_batch_tokens": short_tokens,
-        "trainer": _trainer_fit(t_alone, t_short, tokens, short_tokens, world, max(1, act.num_threads)),
-        "trainer_colocated": _trainer_fit(c_steps, c_short, tokens, short_tokens, cworld,
-                                          max(1, cact.num_threads)),
-        "sharing": {"decode_batch": d_batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
-                    "train_alone_s": t_alone, "train_shared_s": t_shared,
-                    "colocated_decode_alone_s": co_alone, "colocated_decode_shared_s": co_shared},
-    }
+    return co_alone, co_shared, c_steps, c_short, trainer_world(ccfg), max(1, cact.num_threads)
 
 
 def _trainer_fit(long_s: list[float], short_s: list[float], tokens: int, short_tokens: int, world: int,
