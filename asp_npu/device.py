@@ -260,7 +260,7 @@ def collective_backend(kind: DeviceKind) -> str:
 def weight_transfer_backend(kind: DeviceKind, colocated: bool = False) -> str:
     """vLLM weight-transfer engine for a weight_refresh (registered in vLLM's factory under this name).
 
-    CPU: `gloo` (ours, `asp_npu.rollout.weight_transfer`). NPU/CUDA: vLLM's built-in `nccl` (HCCL under
+    CPU: `gloo` (ours, `asp_npu.weights.gloo_engine`). NPU/CUDA: vLLM's built-in `nccl` (HCCL under
     vllm-ascend) when trainer and rollout sit on different devices, `ipc` when they share them."""
     if kind == "cpu":
         return "gloo"

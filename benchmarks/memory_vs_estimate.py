@@ -152,7 +152,7 @@ def _rank(rank: int, world: int, port: int, hf: dict[str, Any], dtype: str, dist
 
 
 def measure(hf: dict[str, Any], dtype: str, world: int, dist_opt: bool) -> list[tuple[int, int, int, int]]:
-    from asp_npu.trainer.parallel import free_port
+    from asp_npu.net import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -88,7 +88,7 @@ AB_CHILD = r"""
 import json, sys, time
 import torch
 from asp_npu.config import Config
-from asp_npu.trainer.parallel import free_port
+from asp_npu.net import free_port
 from asp_npu.trainer.worker import TrainerWorker
 from asp_npu.types import TrainBatch, Trajectory
 model, batches_path, mbs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

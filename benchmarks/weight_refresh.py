@@ -4,10 +4,10 @@ For each model, `--instances` RolloutInstance actors and one trainer-side sender
 HF state dict, as trainer rank 0 does after its gather); every refresh ships freshly perturbed
 weights under a new version, the two paths alternating:
 
-- old: the object-store path (`WeightSync(backend="object-store")`): the driver fetches the trainer's
+- old: the object-store path (`TransferEngineLink(backend="object-store")`): the driver fetches the trainer's
   HF weights, makes one safetensors blob, `ray.put`s it, every instance loads it with `reload_weights`
   through `collective_rpc`;
-- new: vLLM's weight-transfer engine (`WeightSync()`, `gloo` on CPU): trainer rank 0 broadcasts
+- new: vLLM's weight-transfer engine (`TransferEngineLink()`, `gloo` on CPU): trainer rank 0 broadcasts
   buckets to every instance worker, which loads them through vLLM's layerwise reload.
 
 Two situations: drained (no sequence running) and in flight (sequences running; old = load between
@@ -32,7 +32,7 @@ from typing import Any
 
 from asp_npu.device import loopback_env
 from asp_npu.io import atomic_write_json
-from asp_npu.rollout.weight_sync import StateDictTrainer
+from asp_npu.weights.engine_link import StateDictTrainer
 
 
 class BenchTrainer(StateDictTrainer):
@@ -126,7 +126,7 @@ def bench_model(
 
     from asp_npu.rollout.engine import EngineSettings, SamplingSettings
     from asp_npu.rollout.instance import launch_instances
-    from asp_npu.rollout.weight_sync import RayTrainer, WeightSync
+    from asp_npu.weights.engine_link import RayTrainer, TransferEngineLink
 
     path = model_dir(name, root)
     big = name == "1gib"
@@ -135,8 +135,8 @@ def bench_model(
     actor = ray.remote(BenchTrainer).options(num_cpus=0).remote()
     nbytes = ray.get(actor.load.remote(str(path)))
     trainer = RayTrainer(actor)
-    old = WeightSync(backend="object-store", timeout_s=600)
-    new = WeightSync(kind="cpu", timeout_s=600)
+    old = TransferEngineLink(backend="object-store", timeout_s=600)
+    new = TransferEngineLink(kind="cpu", timeout_s=600)
     old.connect(instances, trainer)
     t0 = time.perf_counter()
     new.connect(instances, trainer)

@@ -21,11 +21,11 @@ import time
 import torch
 
 from asp_npu.device import collective_backend, loopback_env
-from asp_npu.rollout.weight_transport import (
+from asp_npu.net import reserve_port
+from asp_npu.weights.transport import (
     CollectiveTransport,
     GroupSpec,
     ObjectStoreTransport,
-    reserve_port,
 )
 
 

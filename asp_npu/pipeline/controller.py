@@ -35,11 +35,11 @@ from asp_npu.pipeline import resume
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
-from asp_npu.pipeline.weights import WeightSync, make_weights, refresh_all_and_wait
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
 from asp_npu.types import PromptItem, TrainBatch
+from asp_npu.weights.refresh import WeightSync, make_weights, refresh_all_and_wait
 
 WAIT_S = 1.0  # longest block between events (and between looks at `stop_signal`)
 

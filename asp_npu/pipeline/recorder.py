@@ -24,8 +24,8 @@ from asp_npu.core.staleness import token_lag_bound
 from asp_npu.io import close_synced
 from asp_npu.observe import metrics as M
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
-from asp_npu.pipeline.weights import Refreshed
 from asp_npu.types import Trajectory
+from asp_npu.weights.refresh import Refreshed
 
 RUN_LOG = rd.RUN_LOG  # failures, retries, restarts and recoveries, one JSON line each, as they happen
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from asp_npu.core.recovery import Retries, Watchdog
 from asp_npu.errors import UserError
-from asp_npu.pipeline.weights import Refreshed
 from asp_npu.remote import ActorLost
+from asp_npu.weights.refresh import Refreshed
 
 
 class Supervisor:

@@ -413,7 +413,7 @@ class RolloutInstance:
         if waiting or running:
             self._sink_calls.append(restamp.remote(self.instance_id, int(version), waiting, running))
 
-    # vLLM's weight-transfer protocol, driven by the trainer's rank 0 (see `weight_sync`)
+    # vLLM's weight-transfer protocol, driven by the trainer's rank 0 (see `asp_npu.weights.engine_link`)
 
     async def transfer_world_size(self) -> int:
         return self.engine.transfer_world_size

@@ -50,8 +50,8 @@ from asp_npu.rollout.engine import (
     RefreshReport,
     SamplingSettings,
 )
-from asp_npu.rollout.weight_receiver import EXTENSION_CLS
 from asp_npu.types import PromptItem, Trajectory
+from asp_npu.weights.receiver import EXTENSION_CLS
 
 DRAIN_S = 600.0  # the longest a drain (weight refresh, pause) may wait for running sequences
 

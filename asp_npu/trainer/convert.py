@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +28,9 @@ import torch
 from asp_npu.errors import ConfigError
 from asp_npu.trainer.model import padded_vocab_size
 from asp_npu.trainer.parallel import Layout, ModelDims
+from asp_npu.weights.hf import HFWeights
 
 _ATTN = "self_attention"
-
-
-@dataclass
-class HFWeights:
-    """Full HF-named weights of one policy version (what a weight refresh ships to the instances)."""
-
-    version: int
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def to_safetensors_bytes(self, dtype: str = "float32") -> bytes:
-        """safetensors bytes of the tensors in `dtype` (vLLM's reload_weights reads these)."""
-        from safetensors.torch import save
-
-        from asp_npu.trainer.model import DTYPES
-
-        return save({k: torch.from_numpy(np.array(v)).to(DTYPES[dtype]) for k, v in self.tensors.items()},
-                    metadata={"policy_version": str(self.version)})
-
-    @property
-    def num_bytes(self) -> int:
-        return int(sum(v.nbytes for v in self.tensors.values()))
 
 
 def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:

@@ -13,10 +13,10 @@ from typing import Any
 
 from asp_npu.config import Config
 from asp_npu.remote import CALL_S, get, kill_quietly
-from asp_npu.trainer.convert import HFWeights
 from asp_npu.trainer.features import check_features
 from asp_npu.trainer.parallel import ModelDims, actor_layout, rendezvous_file
 from asp_npu.types import TrainBatch
+from asp_npu.weights.hf import HFWeights
 
 
 class TrainerRank:
@@ -28,7 +28,7 @@ class TrainerRank:
     def rendezvous(self) -> tuple[str, int]:
         import ray
 
-        from asp_npu.trainer.parallel import free_port
+        from asp_npu.net import free_port
 
         ip = ray.util.get_node_ip_address()
         port = free_port(ip)
@@ -115,7 +115,7 @@ class TrainerGroup:
         return self._all("allocated_bytes")
 
     def push_weights_to_rollout(self, link: Any, send: bool = True) -> dict[str, Any]:
-        """Trainer rank 0 pushes its weights through vLLM's weight-transfer engine (`rollout.weight_sync`)."""
+        """Trainer rank 0 pushes its weights through vLLM's weight-transfer engine (`weights.engine_link`)."""
         return self._all("push_weights_to_rollout", link, send)[0]
 
     def save(self, directory: str, commit: bool = True) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,12 +234,6 @@ def actor_layout(dims: ModelDims, act: Any, world_size: int | None = None) -> La
 def expert_tp_of(act: Any) -> int | None:
     """`actor_config.expert_tensor_parallel_size` (0 = megatron's default, TP)."""
     return act.expert_tensor_parallel_size or None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def rendezvous_file(master_addr: str, master_port: int, fresh: bool = False) -> Path | None:

@@ -581,7 +581,8 @@ class TrainerWorker:
 
     def _get_hf_weights(self) -> Any:
         """This pipeline stage's full HF tensors (numpy) on its TP-0/DP-0 rank, else None; + version."""
-        from asp_npu.trainer.convert import HFWeights, megatron_stage_to_hf, to_numpy
+        from asp_npu.trainer.convert import megatron_stage_to_hf, to_numpy
+        from asp_npu.weights.hf import HFWeights
 
         ps = self._ps()
         tensors = megatron_stage_to_hf(self.module, self.dims)
@@ -611,11 +612,11 @@ class TrainerWorker:
             return self._get_hf_weights()
 
     def push_weights_to_rollout(self, link: Any, send: bool = True) -> Any:
-        """weight_refresh through vLLM's weight-transfer engine (`asp_npu.rollout.weight_sync`): every
+        """weight_refresh through vLLM's weight-transfer engine (`asp_npu.weights.engine_link`): every
         rank joins the HF gather, pipeline stages meet on rank 0, rank 0 connects (first call) and sends."""
         from torch import distributed as dist
 
-        from asp_npu.rollout.weight_sync import push_from_trainer
+        from asp_npu.weights.engine_link import push_from_trainer
 
         hf = self.get_hf_weights() if send else None
         if send and self._ps().get_pipeline_model_parallel_world_size() > 1:

@@ -191,7 +191,7 @@ def test_bench_aggregate_and_table():
 
 def test_weight_transfer_defaults_to_the_transfer_engine_and_refuses_unknown_paths():
     from asp_npu.config import Config, validate
-    from asp_npu.pipeline.weights import ObjectStoreWeights, make_weights
+    from asp_npu.weights.refresh import ObjectStoreWeights, make_weights
 
     cfg = Config()
     assert cfg.generate_config.weight_transfer == "auto"  # vLLM's weight-transfer engine

@@ -91,7 +91,7 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 240.0) -> l
     """Run `fn(rank, world, port, *args)` in `world` fresh spawned processes; returns results by rank."""
     import multiprocessing as mp
 
-    from asp_npu.trainer.parallel import free_port
+    from asp_npu.net import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

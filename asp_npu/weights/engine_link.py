@@ -2,12 +2,12 @@
 
 Three parties, vLLM's RL protocol between them:
 
-- the driver (`WeightSync`): `connect(instances, trainer)` once, `publish(version)` after each training
-  step. It never touches a tensor: it asks trainer rank 0 to push, and turns any failure into one
+- the driver (`TransferEngineLink`): `connect(instances, trainer)` once, `publish(version)` after each
+  training step. It never touches a tensor: it asks trainer rank 0 to push, and turns any failure into one
   line naming the peer that is gone.
 - trainer rank 0 (`push_from_trainer`, called from the trainer worker with its HF-weights gather):
   holds a `TrainerWeightTransferEngine` built by vLLM's `WeightTransferTrainerFactory` (`gloo` on
-  CPU from `weight_transfer`, vLLM's `nccl` / `ipc` on NPU/CUDA), and drives the inference side
+  CPU from `gloo_engine`, vLLM's `nccl` / `ipc` on NPU/CUDA), and drives the inference side
   through `InstancesClient`, vLLM's `VLLMWeightSyncClient` protocol over the RolloutInstance actors.
 - every RolloutInstance (`init_weight_transfer`, `start_weight_update`, `update_weights`,
   `finish_weight_update`): drains or freezes its sequences (`pause_generation(mode="keep")`),
@@ -170,7 +170,7 @@ def _snapshot_source() -> Any:
 
 def _trainer_init_info(link: WeightLink) -> Any:
     if link.backend == "gloo":
-        from asp_npu.rollout.weight_transfer import GlooTrainerInitInfo
+        from asp_npu.weights.gloo_engine import GlooTrainerInitInfo
 
         return GlooTrainerInitInfo(
             master_address=link.host,
@@ -182,7 +182,7 @@ def _trainer_init_info(link: WeightLink) -> Any:
     if link.backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        from asp_npu.rollout.weight_transport import free_port
+        from asp_npu.net import free_port
 
         return NCCLTrainerInitInfo(
             master_address=link.host,
@@ -208,9 +208,9 @@ def push_from_trainer(
     them as `version` through vLLM's trainer-side engine. Returns the instances' RefreshReports."""
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    from asp_npu.rollout import weight_transfer
+    from asp_npu.weights import gloo_engine
 
-    weight_transfer.register()
+    gloo_engine.register()
     t0 = time.perf_counter()
     formed = link.key not in _SENDERS
     if formed:
@@ -247,7 +247,7 @@ def close_sender(key: str) -> None:
             pass
 
 
-class WeightSync:
+class TransferEngineLink:
     """The driver's weight_refresh seam: `connect(instances, trainer)` once, `publish(version)` per step.
 
     `trainer` is anything with `push_weights_to_rollout(link, send)` running the push in trainer rank 0
@@ -449,7 +449,7 @@ class StateDictTrainer:
         return push_from_trainer(link, self.state.items() if send else None, self.version)
 
     def get_hf_weights(self) -> Any:
-        from asp_npu.trainer.convert import HFWeights
+        from asp_npu.weights.hf import HFWeights
 
         return HFWeights(self.version, {k: _numpy(v) for k, v in self.state.items()})
 

@@ -1,5 +1,5 @@
 """weight_refresh through vLLM's weight-transfer engine (`gloo` on CPU), driven like the controller will:
-real RolloutInstance actors, a trainer-side sender actor, `WeightSync.connect` / `publish`."""
+real RolloutInstance actors, a trainer-side sender actor, `TransferEngineLink.connect` / `publish`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from asp_npu.data.tasks import make_prompts
 from asp_npu.device import weight_transfer_backend
 from asp_npu.rollout.engine import EngineSettings, SamplingSettings
-from asp_npu.rollout.weight_sync import WeightLink
+from asp_npu.weights.engine_link import WeightLink
 
 
 @given(st.lists(st.integers(1, 8), min_size=1, max_size=6))
@@ -117,7 +117,7 @@ def test_refresh_through_the_transfer_engine_matches_the_refreshed_hf_model(
     untied embeddings; buckets are small so fused q/k/v and gate/up layers straddle several."""
     from asp_npu.data.init_model import build_model_dir
     from asp_npu.rollout.instance import launch_instances
-    from asp_npu.rollout.weight_sync import RayTrainer, StateDictTrainer, WeightSync
+    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink
 
     ray = ray_cluster
     root = tmp_path_factory.mktemp(f"{size}-{tied}")
@@ -127,7 +127,7 @@ def test_refresh_through_the_transfer_engine_matches_the_refreshed_hf_model(
     settings = EngineSettings(str(model_dir), max_model_len=256, max_num_seqs=8)
     (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
-    sync = WeightSync(kind="cpu", drain=True, bucket_bytes=96 << 10, timeout_s=120)
+    sync = TransferEngineLink(kind="cpu", drain=True, bucket_bytes=96 << 10, timeout_s=120)
     try:
         assert sync.backend == "gloo"
         items = make_prompts("count", 2, seed=11)
@@ -169,7 +169,7 @@ class _Rank0:
     """`StateDictTrainer` reached the way the pipeline reaches a trainer rank (`call(method, ...)`)."""
 
     def __init__(self) -> None:
-        from asp_npu.rollout.weight_sync import StateDictTrainer
+        from asp_npu.weights.engine_link import StateDictTrainer
 
         self.body = StateDictTrainer()
 
@@ -194,9 +194,9 @@ def test_a_member_killed_before_a_push_is_one_line_and_the_survivor_refreshes_ov
     """Instance 0 dies unnoticed; the next push starts the update on instance 1, then breaks on 0:
     recovery gets instance 0 in one line (`ActorLost`), the group is re-formed over instance 1 alone
     (its worker leaves the update the broken push left open) and it generates with the new weights."""
-    from asp_npu.pipeline.weights import TransferEngineWeights
     from asp_npu.remote import ActorLost
     from asp_npu.rollout.instance import launch_instances
+    from asp_npu.weights.refresh import TransferEngineWeights
 
     ray = ray_cluster
     settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
@@ -235,7 +235,7 @@ def test_a_member_killed_before_a_push_is_one_line_and_the_survivor_refreshes_ov
 def keep_setup(ray_cluster, tiny_model_dir):
     """One instance with prefix caching off (in-flight refresh) and a connected sender."""
     from asp_npu.rollout.instance import launch_instances
-    from asp_npu.rollout.weight_sync import RayTrainer, StateDictTrainer, WeightSync
+    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink
 
     ray = ray_cluster
     settings = EngineSettings(
@@ -243,7 +243,7 @@ def keep_setup(ray_cluster, tiny_model_dir):
     )
     (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
-    sync = WeightSync(kind="cpu", drain=True, timeout_s=30)  # the keep test switches it
+    sync = TransferEngineLink(kind="cpu", drain=True, timeout_s=30)  # the keep test switches it
     sync.connect([inst], RayTrainer(trainer_actor))
     yield ray, inst, trainer_actor, sync
     sync.close()
@@ -284,7 +284,7 @@ def test_keep_mode_refreshes_mid_flight_and_records_first_and_last_version(keep_
 def test_a_dead_trainer_is_one_line_not_a_hang(keep_setup):
     """The instance waits inside the transfer; the trainer (group rank 0) is killed: the instance's
     wait ends with one line naming itself, and the driver's next publish names the trainer."""
-    from asp_npu.rollout.weight_sync import WeightSyncError
+    from asp_npu.weights.engine_link import WeightSyncError
 
     ray, inst, trainer_actor, sync = keep_setup
     ray.get(inst.start_weight_update.remote(True))
@@ -308,7 +308,7 @@ def test_a_dead_trainer_is_one_line_not_a_hang(keep_setup):
 @pytest.mark.slow
 def test_a_dead_instance_is_one_line_naming_it(ray_cluster, tiny_model_dir):
     from asp_npu.rollout.instance import launch_instances
-    from asp_npu.rollout.weight_sync import RayTrainer, StateDictTrainer, WeightSync, WeightSyncError
+    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink, WeightSyncError
 
     ray = ray_cluster
     settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
@@ -316,7 +316,7 @@ def test_a_dead_instance_is_one_line_naming_it(ray_cluster, tiny_model_dir):
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
     _, state = perturbed(tiny_model_dir, seed=8)
     ray.get(trainer_actor.set_weights.remote(state, 1))
-    sync = WeightSync(kind="cpu", timeout_s=30)
+    sync = TransferEngineLink(kind="cpu", timeout_s=30)
     try:
         sync.connect([inst], RayTrainer(trainer_actor))
         ray.kill(inst)
@@ -338,15 +338,15 @@ def test_the_megatron_trainer_pushes_from_rank_0(ray_cluster, tiny_model_dir):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from asp_npu.rollout.instance import launch_instances
-    from asp_npu.rollout.weight_sync import WeightSync
     from asp_npu.trainer.group import TrainerGroup
+    from asp_npu.weights.engine_link import TransferEngineLink
     from tests.trainer.helpers import make_batch, trainer_config
 
     ray = ray_cluster
     settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
     (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
     group = TrainerGroup(trainer_config(tiny_model_dir, pp=2, lr=5e-2), cpus_per_rank=0)
-    sync = WeightSync(kind="cpu", timeout_s=120)
+    sync = TransferEngineLink(kind="cpu", timeout_s=120)
     try:
         group.train_step(make_batch(seed=1))
         sync.connect([inst], group)

