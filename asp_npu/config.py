@@ -42,7 +42,7 @@ class ModelArch:
     qk_pos_emb_head_dim: int = 0  # MLA: per-head RoPE dim (qk_rope_head_dim)
     v_head_dim: int = 0  # MLA: per-head value dim
     qk_layernorm: bool = False  # Qwen3: RMSNorm on q and k (read from config.json when it exists)
-    multi_latent_attention: bool = False  # DeepSeek-V3 MLA: refused (asp_npu.trainer.arch.MLA_MISSING)
+    multi_latent_attention: bool = False  # DeepSeek-V3 MLA: refused (asp_npu.arch.MLA_MISSING)
     # MoE training settings the trainer applies (megatron TransformerConfig fields of the same names)
     moe_aux_loss_coeff: float = 0.0  # 0 = the HF config's router_aux_loss_coef (Qwen3-MoE: 0.001)
     moe_router_load_balancing_type: str = ""  # aux_loss | seq_aux_loss | none ("" = aux_loss)
@@ -391,8 +391,8 @@ def validate(cfg: Config) -> list[str]:
 def _arch_problems(cfg: Config) -> list[str]:
     """Model family and expert parallelism: unknown families, MLA, EP not dividing experts or DP."""
 
-    from asp_npu.trainer.arch import ARCHS, MLA_MISSING, hf_arch_problems
-    from asp_npu.trainer.parallel import expert_problems, stage_problems
+    from asp_npu.arch import ARCHS, MLA_MISSING, hf_arch_problems
+    from asp_npu.core.layout import expert_problems, stage_problems
 
     m, act = cfg.model, cfg.actor_config
     problems = []

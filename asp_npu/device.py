@@ -58,17 +58,32 @@ class DeviceSpec:
     # CP without Transformer Engine), or False where the stack attends across CP chunks itself
     # (MindSpeed's adaptor on Ascend: ring attention over the same 2 x CP chunks, flash-attention memory)
     cp_gather_attention: bool = True
+    # CPU: a core is a logical device that rollout and trainer may share (disjoint cards elsewhere)
+    shared_cores: bool = False
+    unit: str = "devices"  # what the run's devices are called in messages
 
 
 SPECS: dict[str, DeviceSpec] = {
-    "cpu": DeviceSpec("cpu", "gloo", None, None, "cpu"),
-    "npu": DeviceSpec("npu", "hccl", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "npu", cp_gather_attention=False),
-    "cuda": DeviceSpec("cuda", "nccl", "GPU", "CUDA_VISIBLE_DEVICES", "cuda"),
+    "cpu": DeviceSpec("cpu", "gloo", None, None, "cpu", shared_cores=True, unit="cores"),
+    "npu": DeviceSpec("npu", "hccl", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "npu", cp_gather_attention=False,
+                      unit="npu devices"),
+    "cuda": DeviceSpec("cuda", "nccl", "GPU", "CUDA_VISIBLE_DEVICES", "cuda", unit="cuda devices"),
 }
+DEVICE_SETTINGS = ("auto", *SPECS)  # `trainer.device`
 
 
 def spec(kind: DeviceKind) -> DeviceSpec:
     return SPECS[kind]
+
+
+def kind_of(torch_device_type: str) -> DeviceKind:
+    """The device kind of a torch device type (an unknown accelerator is driven like CUDA)."""
+    return torch_device_type if torch_device_type in SPECS else "cuda"  # type: ignore[return-value]
+
+
+def pinnable(torch_device_type: str) -> bool:
+    """Host copies of this device's tensors are pinned (a CPU tensor has no device to pin for)."""
+    return torch_device_type != "cpu"
 
 
 def prepare_megatron(kind: DeviceKind) -> None:

@@ -95,8 +95,10 @@ def _rank(rank: int, world: int, port: int, hf: dict[str, Any], dtype: str, dist
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from asp_npu.arch import ModelDims
+        from asp_npu.core.layout import Layout
         from asp_npu.trainer.model import DTYPES, build_model
-        from asp_npu.trainer.parallel import Layout, ModelDims, destroy_parallel, init_parallel
+        from asp_npu.trainer.parallel import destroy_parallel, init_parallel
 
         dims = ModelDims.from_hf_dict(hf)
         layout = Layout(1, 1, world)

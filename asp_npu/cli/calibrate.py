@@ -1,7 +1,7 @@
 """`asp-npu calibrate --config FILE --out calib.json`: measure engine, trainer and core sharing.
 
 The rollout code measures one engine, then the trainer at the config's minibatch shape and how the
-two slow each other down when they share cores (asp_npu/rollout/calibrate.py,
+two slow each other down when they share cores (asp_npu/pipeline/calibrate.py,
 asp_npu/trainer/calibrate.py); the simulator fits its cost model to the points
 (asp_npu/sim/calibrate.py); this command joins them and writes the file.
 """
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         raise UserError("--repeats must be >= 1")
     check_writable(args.out)
     cfg = load_config(args.config, args.overrides)
-    from asp_npu.rollout.calibrate import measure_config
+    from asp_npu.pipeline.calibrate import measure_config
     from asp_npu.sim.calibrate import calibration
 
     measured = measure_config(cfg, quick=args.quick, repeats=args.repeats, trainer=args.trainer)

@@ -9,25 +9,35 @@ derivation; `shape_problems(cfg)` the one divisibility check.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from asp_npu.core.modes import Mode, instances_on, max_lag, mode_spec
 
-if TYPE_CHECKING:
-    from asp_npu.config import Config
+
+class Config(Protocol):
+    """What the shape reads of `asp_npu.config.Config` (core imports nothing above it)."""
+
+    @property
+    def rl_config(self) -> Any: ...
+    @property
+    def generate_config(self) -> Any: ...
+    @property
+    def actor_config(self) -> Any: ...
+    @property
+    def trainer(self) -> Any: ...
 
 
 def window_prompts(cfg: Config) -> int:
     """Prompts per planning window (MindSpeed-RL global_batch_size; 0 = one minibatch of groups)."""
     rl = cfg.rl_config
-    return rl.global_batch_size or max(1, rl.mini_batch_size // max(1, rl.n_samples_per_prompt))
+    return int(rl.global_batch_size or max(1, rl.mini_batch_size // max(1, rl.n_samples_per_prompt)))
 
 
 def trainer_world(cfg: Config) -> int:
     """Trainer ranks: TP x PP x CP x DP."""
     a = cfg.actor_config
-    return (a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
-            * a.data_parallel_size)
+    return int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+               * a.data_parallel_size)
 
 
 def shape_problems(cfg: Config) -> list[str]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from asp_npu.arch import ARCHS
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_replace_dir
-from asp_npu.trainer.arch import ARCHS
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

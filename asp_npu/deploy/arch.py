@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from asp_npu.arch import UNSUPPORTED
 from asp_npu.config import Config
-from asp_npu.trainer.arch import UNSUPPORTED
 
 FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3")
 # Architectures `check` can size but the trainer cannot build: the trainer's own list (one place).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from asp_npu.config import COLOCATED_MODES, Config
+from asp_npu.core.layout import stage_problems
 from asp_npu.core.shape import trainer_world
 from asp_npu.deploy.arch import TRAINER_CANNOT_BUILD, Arch, resolve_arch
 from asp_npu.deploy.memory import (
@@ -24,7 +25,6 @@ from asp_npu.deploy.memory import (
     trainer_memory,
     trainer_resident_gib,
 )
-from asp_npu.trainer.parallel import stage_problems
 
 __all__ = [
     "COLOCATED_MODES",

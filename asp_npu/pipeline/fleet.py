@@ -17,6 +17,7 @@ from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
 from asp_npu.core.staleness import token_lag_bound
+from asp_npu.device import spec
 from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_log
 from asp_npu.pipeline.placement import ClusterPlacement
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
@@ -75,7 +76,7 @@ class Fleet:
         """Devices per node the layout places on: on CPU the cores are shared (a core is a logical
         device for Ray), so a layout that needs more than the cores gets as many as it needs."""
         sh = self.shape
-        if self.kind != "cpu":
+        if not spec(self.kind).shared_cores:  # type: ignore[arg-type]
             return per_node
         rollout = sh.instances * sh.infer_tp
         need = max(rollout, sh.trainer_world) if self.mode.colocated else rollout + sh.trainer_world

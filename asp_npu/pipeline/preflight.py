@@ -13,7 +13,7 @@ from pathlib import Path
 from asp_npu.config import MODES, Config, validate
 from asp_npu.core.modes import COLOCATED_MODES, REAL_MODES
 from asp_npu.core.shape import RunShape, shape_problems, trainer_world, window_prompts
-from asp_npu.device import DeviceKind, available_devices, detect
+from asp_npu.device import DEVICE_SETTINGS, DeviceKind, available_devices, detect, spec
 from asp_npu.errors import ConfigError
 
 __all__ = ["device_problems", "preflight", "resume_problems", "resume_step", "window_prompts"]
@@ -25,18 +25,18 @@ def device_problems(cfg: Config, kind: DeviceKind, devices_per_node: int) -> lis
     total = devices_per_node * max(1, cfg.trainer.nnodes)
     rollout = gen.num_instances * gen.infer_tensor_parallel_size
     world = trainer_world(cfg)
-    where = f"{total} {'cores' if kind == 'cpu' else kind + ' devices'}"
+    unit = spec(kind).unit
+    where = f"{total} {unit}"
     problems = []
     if rollout > total:
         problems.append(
             f"generate_config.num_instances: {gen.num_instances} instances x TP "
-            f"{gen.infer_tensor_parallel_size} need {rollout} {'cores' if kind == 'cpu' else 'devices'}, "
-            f"this run has {where}"
+            f"{gen.infer_tensor_parallel_size} need {rollout} {unit}, this run has {where}"
         )
     if world > total:
         problems.append(f"actor_config: trainer world size {world} (TP x PP x DP) exceeds {where}")
     # on accelerators disaggregated modes give rollout and trainer disjoint cards; on CPU they share cores
-    if kind != "cpu" and cfg.rl_config.mode not in COLOCATED_MODES and rollout + world > total:
+    if not spec(kind).shared_cores and cfg.rl_config.mode not in COLOCATED_MODES and rollout + world > total:
         problems.append(
             f"generate_config.num_instances: {rollout} rollout + {world} trainer devices exceed {where} "
             f"(mode {cfg.rl_config.mode} does not colocate them)"
@@ -60,7 +60,7 @@ def preflight(cfg: Config, devices_per_node: int | None = None) -> DeviceKind:
     if rl.global_batch_size < 0:
         problems.append(f"rl_config.global_batch_size: must be >= 0 (got {rl.global_batch_size})")
     try:
-        kind = detect(cfg.trainer.device if cfg.trainer.device in ("auto", "cpu", "npu", "cuda") else "auto")
+        kind = detect(cfg.trainer.device if cfg.trainer.device in DEVICE_SETTINGS else "auto")
     except RuntimeError as exc:
         problems.append(f"trainer.device: {exc}")
         kind = "cpu"

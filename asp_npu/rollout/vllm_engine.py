@@ -546,10 +546,9 @@ class VLLMEngine:
 def _weight_transfer_backend(setting: str, device_type: str) -> str:
     if setting != "auto":
         return setting
-    from asp_npu.device import weight_transfer_backend
+    from asp_npu.device import kind_of, weight_transfer_backend
 
-    kind = device_type if device_type in ("cpu", "npu", "cuda") else "cuda"
-    return weight_transfer_backend(kind)  # type: ignore[arg-type]
+    return weight_transfer_backend(kind_of(device_type))
 
 
 def _blob_shapes(blob: bytes) -> dict[str, tuple[int, ...]]:

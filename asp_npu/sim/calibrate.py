@@ -2,7 +2,7 @@
 write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
 
 The measurement itself runs a real engine and lives with the rollout code
-(asp_npu/rollout/calibrate.py); this module is pure arithmetic on its points.
+(asp_npu/pipeline/calibrate.py); this module is pure arithmetic on its points.
 Schema `asp-calib/1`. The trainer fields (null when the trainer was not measured):
 - `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
   asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from asp_npu.arch import ModelDims
+from asp_npu.core.layout import Layout
 from asp_npu.errors import ConfigError
 from asp_npu.trainer.model import padded_vocab_size
-from asp_npu.trainer.parallel import Layout, ModelDims
 from asp_npu.weights.hf import HFWeights
 
 _ATTN = "self_attention"

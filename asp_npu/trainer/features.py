@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from asp_npu.arch import ModelDims
 from asp_npu.errors import ConfigError
-from asp_npu.trainer.parallel import ModelDims
 
 
 def feature_problems(dims: ModelDims, act: Any) -> list[str]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from asp_npu.arch import ModelDims
 from asp_npu.config import Config
+from asp_npu.core.layout import actor_layout
 from asp_npu.remote import CALL_S, get, kill_quietly
 from asp_npu.trainer.features import check_features
-from asp_npu.trainer.parallel import ModelDims, actor_layout, rendezvous_file
+from asp_npu.trainer.parallel import rendezvous_file
 from asp_npu.types import TrainBatch
 from asp_npu.weights.hf import HFWeights
 

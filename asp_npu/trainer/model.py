@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from asp_npu.trainer.parallel import Layout, ModelDims
+from asp_npu.arch import ModelDims
+from asp_npu.core.layout import Layout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

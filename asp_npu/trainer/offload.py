@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asp_npu.device import pinnable
+
 
 @dataclass
 class _Moved:
@@ -48,7 +50,8 @@ class Offloader:
                 storages.setdefault(s.data_ptr(), s)
         for s in storages.values():
             # pinned host memory for a device storage; a blocking copy, so releasing it below is safe
-            host = torch.empty(s.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=s.device.type != "cpu")
+            pin = pinnable(s.device.type)
+            host = torch.empty(s.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
             host.copy_(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
             n = s.nbytes()
             s.resize_(0)

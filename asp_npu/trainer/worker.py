@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from asp_npu.arch import ModelDims
 from asp_npu.config import Config
+from asp_npu.core.layout import actor_layout
 from asp_npu.trainer.features import check_features, megatron_features
 from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
-from asp_npu.trainer.parallel import ModelDims, actor_layout
 from asp_npu.types import TrainBatch, Trajectory
 
 

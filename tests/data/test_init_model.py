@@ -92,7 +92,7 @@ def test_check_model_dir_errors(tmp_path, tiny_model_dir):
 def test_arch_builds_each_family_with_the_shared_tokenizer(tmp_path, capsys, arch, model_type, cls):
     from transformers import AutoTokenizer
 
-    from asp_npu.trainer.parallel import ModelDims
+    from asp_npu.arch import ModelDims
 
     out = tmp_path / arch
     assert cli_main(["init-model", "--out", str(out), "--arch", arch]) == 0

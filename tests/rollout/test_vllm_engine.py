@@ -235,7 +235,7 @@ def test_pause_holds_new_sequences_until_resume(engine):
 def test_calibration_of_this_engine_feeds_the_simulator(engine, tiny_model_dir, tmp_path):
     """Runs last: it reloads the folder's weights (the refresh measurement)."""
     from asp_npu.io import atomic_write_json
-    from asp_npu.rollout.calibrate import measure_engine
+    from asp_npu.pipeline.calibrate import measure_engine
     from asp_npu.sim.calibrate import SCHEMA, calibration
     from asp_npu.sim.cost import SimCost
     from asp_npu.sim.preset import apply_calibration

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from asp_npu.arch import ModelDims
+from asp_npu.core.layout import Layout
 from asp_npu.trainer.convert import _qkv_split, hf_to_megatron, stage_layers
-from asp_npu.trainer.parallel import Layout, ModelDims
 
 DIMS = ModelDims(hidden_size=8, intermediate_size=6, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=2,
                  vocab_size=7, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,

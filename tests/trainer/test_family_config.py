@@ -6,11 +6,11 @@ import json
 
 import torch
 
+from asp_npu.arch import MLA_MISSING, ModelDims
 from asp_npu.cli import main as cli_main
 from asp_npu.config import Config, validate
-from asp_npu.trainer.arch import MLA_MISSING
+from asp_npu.core.layout import Layout, layout_problems
 from asp_npu.trainer.convert import hf_to_megatron
-from asp_npu.trainer.parallel import Layout, ModelDims, layout_problems
 
 MOE = ModelDims(hidden_size=8, intermediate_size=6, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2,
                 vocab_size=7, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,

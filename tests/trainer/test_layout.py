@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from asp_npu.arch import ModelDims
+from asp_npu.core.layout import check_layout, layout_problems
 from asp_npu.errors import ConfigError
-from asp_npu.trainer.parallel import ModelDims, check_layout, layout_problems
 
 DIMS = ModelDims(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                  vocab_size=203, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
@@ -127,7 +128,7 @@ def test_validate_takes_cp_on_any_device_refuses_it_for_moe_and_names_bad_stage_
 
 def test_the_trainer_layout_holds_context_parallel_ranks():
     from asp_npu.config import Config
-    from asp_npu.trainer.parallel import actor_layout
+    from asp_npu.core.layout import actor_layout
 
     act = Config().actor_config
     act.context_parallel_size, act.data_parallel_size = 2, 1
