@@ -87,6 +87,52 @@ def _trainer_rates(devices: int, state: str, useful: float) -> list[float]:
     return rates
 
 
+class _Integrator:
+    """The running state rates of `account`: device-seconds per bubble kind accrue at `rate`."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        n_inst = len(log.instance_devices)
+        self.cur = [[0.0] * 5 for _ in range(n_inst)]
+        self.cur_empty = [0.0] * n_inst
+        self.cur_gen = [0] * n_inst
+        self.tr_cur = [0.0] * 5
+        self.total = [0.0] * 5
+        self.rate = [0.0] * 5
+        self.empty = 0.0
+        self.generating = 0
+        self.trainer_busy_s = 0.0
+        self.trainer_busy = False
+        self.rollout_useful = 0.0
+        self.rollout_useful_rate = 0.0
+
+    def advance(self, dt: float) -> None:
+        for k in range(5):
+            self.total[k] += self.rate[k] * dt
+        self.total[_K if self.generating else _S] += self.empty * dt
+        self.rollout_useful += self.rollout_useful_rate * dt
+        if self.trainer_busy:
+            self.trainer_busy_s += dt
+
+    def instance(self, i: int, running: int, state: str) -> None:
+        log = self.log
+        new, new_empty, gen = _instance_rates(log.instance_devices[i], log.instance_slots[i], running, state)
+        old = self.cur[i]
+        for k in range(5):
+            self.rate[k] += new[k] - old[k]
+        self.rollout_useful_rate += new[_U] - old[_U]
+        self.empty += new_empty - self.cur_empty[i]
+        self.generating += gen - self.cur_gen[i]
+        self.cur[i], self.cur_empty[i], self.cur_gen[i] = new, new_empty, gen
+
+    def trainer(self, state: str, util: float) -> None:
+        new = _trainer_rates(self.log.trainer_devices, state, util)
+        for k in range(5):
+            self.rate[k] += new[k] - self.tr_cur[k]
+        self.tr_cur = new
+        self.trainer_busy = state == "busy"
+
+
 def account(log: EventLog, t0: float = 0.0, t1: float | None = None) -> BubbleReport:
     """Integrate the log's piecewise-constant states over [t0, t1] (default: the whole run)."""
     t1 = log.t_end if t1 is None else t1
@@ -97,54 +143,20 @@ def account(log: EventLog, t0: float = 0.0, t1: float | None = None) -> BubbleRe
     ]
     stream += [(t, 1, k, -1, u, s) for k, (t, s, u) in enumerate(log.trainer)]
     stream.sort(key=lambda e: (e[0], e[1], e[2]))
-    n_inst = len(log.instance_devices)
-    cur = [[0.0] * 5 for _ in range(n_inst)]
-    cur_empty = [0.0] * n_inst
-    cur_gen = [0] * n_inst
-    tr_cur = [0.0] * 5
-    total = [0.0] * 5
-    rate = [0.0] * 5
-    empty = 0.0
-    generating = 0
-    trainer_busy_s = 0.0
-    trainer_busy = False
-    rollout_useful = 0.0
-    rollout_useful_rate = 0.0
+    acc_state = _Integrator(log)
     t_prev = t0
     for t, kind, _, i, r, s in stream:
         a, b = max(t_prev, t0), min(t, t1)
         if b > a:
-            dt = b - a
-            for k in range(5):
-                total[k] += rate[k] * dt
-            total[_K if generating else _S] += empty * dt
-            rollout_useful += rollout_useful_rate * dt
-            if trainer_busy:
-                trainer_busy_s += dt
+            acc_state.advance(b - a)
         t_prev = max(t_prev, t)
         if kind == 0:
-            new, new_empty, gen = _instance_rates(log.instance_devices[i], log.instance_slots[i], int(r), s)
-            old = cur[i]
-            for k in range(5):
-                rate[k] += new[k] - old[k]
-            rollout_useful_rate += new[_U] - old[_U]
-            empty += new_empty - cur_empty[i]
-            generating += gen - cur_gen[i]
-            cur[i], cur_empty[i], cur_gen[i] = new, new_empty, gen
+            acc_state.instance(i, int(r), s)
         else:
-            new = _trainer_rates(log.trainer_devices, s, float(r))
-            for k in range(5):
-                rate[k] += new[k] - tr_cur[k]
-            tr_cur = new
-            trainer_busy = s == "busy"
+            acc_state.trainer(s, float(r))
     if t1 > t_prev:
-        dt = t1 - max(t_prev, t0)
-        for k in range(5):
-            total[k] += rate[k] * dt
-        total[_K if generating else _S] += empty * dt
-        rollout_useful += rollout_useful_rate * dt
-        if trainer_busy:
-            trainer_busy_s += dt
+        acc_state.advance(t1 - max(t_prev, t0))
+    total = acc_state.total
     acc = sum(total)
     frac = [x / acc if acc > 0 else 0.0 for x in total]
     rollout_dev_s = sum(log.instance_devices) * span
@@ -154,8 +166,8 @@ def account(log: EventLog, t0: float = 0.0, t1: float | None = None) -> BubbleRe
         skewness=frac[_K],
         sorting=frac[_S],
         overhead=frac[_O],
-        trainer_idle_ratio=1.0 - trainer_busy_s / span if span > 0 else 0.0,
-        rollouter_idle_ratio=1.0 - rollout_useful / rollout_dev_s if rollout_dev_s > 0 else 0.0,
+        trainer_idle_ratio=1.0 - acc_state.trainer_busy_s / span if span > 0 else 0.0,
+        rollouter_idle_ratio=1.0 - acc_state.rollout_useful / rollout_dev_s if rollout_dev_s > 0 else 0.0,
         device_seconds=acc,
         span_s=span,
         coverage=acc / (log.devices * span) if log.devices and span > 0 else 0.0,

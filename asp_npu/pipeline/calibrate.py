@@ -234,17 +234,38 @@ def _set_nice(value: int) -> bool:
         return False
 
 
+def _start_other_instances(acfg: Config, placement: Any, kind: DeviceKind, settings: Any,
+                           out: dict[str, Any]) -> list[Any]:
+    """The run's instances beside engine 0 on their placed cores (none when rollout and trainer are
+    disjoint), at the run's priority; records the placement in `out`."""
+    import psutil  # type: ignore[import-untyped]
+
+    from asp_npu.device import pin_process, rollout_env
+    from asp_npu.rollout.vllm_engine import VLLMEngine
+
+    extra: list[Any] = []
+    if placement is None:
+        return extra
+    out["placement"] = {"disjoint": placement.disjoint, "instance_cores": placement.instance_cores,
+                        "trainer_cores": acfg.actor_config.pinned_cores() or placement.trainer_cores,
+                        "trainer_threads": acfg.actor_config.num_threads, "nice": placement.rollout_nice}
+    for cores in ([] if placement.disjoint else placement.instance_cores[1:]):
+        pin_process(list(cores))  # the engine's processes inherit it
+        extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), acfg.generate_config.kv_cache_gib)))
+    if placement.rollout_nice:
+        for p in psutil.Process().children(recursive=True):  # the engines' processes (before Ray)
+            p.nice(placement.rollout_nice)
+    return extra
+
+
 def measure_sharing(
     cfg: Config, kind: DeviceKind, engine: Any, loop: Any, settings: Any, all_cores: list[int], repeats: int,
     quick: bool,
 ) -> dict[str, Any]:
     """The trainer's seconds per token (asynchronous and colocated placement) and the core-sharing
     slowdowns (module docstring). Engine 0 is `engine`; the run's other instances are built here."""
-    import psutil  # type: ignore[import-untyped]
-
     from asp_npu.core.shape import trainer_world
-    from asp_npu.device import pin_process, rollout_env
-    from asp_npu.rollout.vllm_engine import VLLMEngine
+    from asp_npu.device import pin_process
     from asp_npu.trainer.calibrate import BackgroundTrainer, batch_tokens, calibration_batch, timed_steps
     from asp_npu.trainer.group import TrainerGroup
 
@@ -252,18 +273,8 @@ def measure_sharing(
     mode = async_mode(cfg)
     acfg, placement = _placed(cfg, kind, mode)
     gen = cfg.generate_config
-    extra: list[Any] = []
     out: dict[str, Any] = {"mode": mode, "placement": None}
-    if placement is not None:
-        out["placement"] = {"disjoint": placement.disjoint, "instance_cores": placement.instance_cores,
-                            "trainer_cores": acfg.actor_config.pinned_cores() or placement.trainer_cores,
-                            "trainer_threads": acfg.actor_config.num_threads, "nice": placement.rollout_nice}
-        for cores in ([] if placement.disjoint else placement.instance_cores[1:]):
-            pin_process(list(cores))  # the engine's processes inherit it
-            extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), gen.kv_cache_gib)))
-        if placement.rollout_nice:
-            for p in psutil.Process().children(recursive=True):  # the engines' processes (before Ray)
-                p.nice(placement.rollout_nice)
+    extra = _start_other_instances(acfg, placement, kind, settings, out)
     pin_process(all_cores)  # Ray and the trainer ranks get the run's placement, not engine 0's cores
     _set_nice(0)  # nor engine 0's priority (measure_config lowered this process's for its engine)
     batch = calibration_batch(acfg)

@@ -257,14 +257,12 @@ class VLLMEngine:
             if not seqs:
                 self.seqs.pop(item.prompt_id, None)
 
-    async def _sample(
-        self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings
-    ) -> Trajectory:
+    def _sampling_params(self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings) -> Any:
+        """vLLM's SamplingParams of one sample: the sampled token's logprob, a per-sample seed."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(
+        return SamplingParams(
             n=1,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -276,6 +274,13 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA if sampling.stream else RequestOutputKind.FINAL_ONLY,
             detokenize=sampling.stream or bool(sampling.stop),  # else decoded once at the end
         )
+
+    async def _sample(
+        self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings
+    ) -> Trajectory:
+        from vllm.inputs import TokensPrompt
+
+        params = self._sampling_params(item, ids, idx, sampling)
         await self.wait_admitting()
         request_id = f"{item.prompt_id}/{idx}/{next(self._ids)}"
         seq = self.seqs.setdefault(item.prompt_id, {}).setdefault(idx, SeqVersions())
@@ -308,10 +313,8 @@ class VLLMEngine:
         changes = seq.changes(len(tokens))
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
-        if params.detokenize:
-            response = "".join(text)
-        else:
-            response = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        decoded = params.detokenize
+        response = "".join(text) if decoded else self.tokenizer.decode(tokens, skip_special_tokens=True)
         reward = 0.0
         if item.ground_truth is not None:
             reward = compute_reward(str(item.meta.get("data_source", "")), response, item.ground_truth)

@@ -231,6 +231,20 @@ def assemble(
         num_instances=cfg.num_instances,
         trainer_step_end=tl.step_end,
     )
+    plan.summary = plan_summary(groups, cfg, units, assign, tl, dispatch, t0)
+    return plan
+
+
+def _imbalance(values: np.ndarray) -> float:
+    """max / mean - 1 of per-instance loads (0 for an empty plan)."""
+    return round(float(values.max() / values.mean() - 1), 5) if values.mean() > 0 else 0.0
+
+
+def plan_summary(groups: Groups, cfg: PlannerConfig, units: UnitTable, assign: np.ndarray, tl: Timeline,
+                 dispatch: str, t0: float) -> dict[str, object]:
+    """The plan's predicted figures: makespan against its lower bound, balance, lag, trainer idle."""
+    u_count = units.seconds.size
+    n = groups.group_size
     loads = (
         np.bincount(assign, weights=units.seconds, minlength=cfg.num_instances) if u_count else np.zeros(1)
     )
@@ -241,7 +255,7 @@ def assemble(
     makespan = float(tl.finish.max()) if u_count else 0.0
     lower = float(max(units.seconds.sum() / cfg.num_instances, units.seconds.max())) if u_count else 0.0
     lag = tl.target_step - tl.version
-    plan.summary = {
+    return {
         "dispatch": dispatch,
         "samples": groups.num_samples,
         "groups": len(groups),
@@ -254,12 +268,8 @@ def assemble(
         "predicted_makespan": round(makespan, 4),
         "lower_bound": round(lower, 4),
         "makespan_ratio": round(makespan / lower, 4) if lower > 0 else 1.0,
-        "predicted_load_imbalance": round(float(loads.max() / loads.mean() - 1), 5)
-        if loads.mean() > 0
-        else 0.0,
-        "predicted_token_imbalance": round(float(tokens.max() / tokens.mean() - 1), 5)
-        if tokens.mean() > 0
-        else 0.0,
+        "predicted_load_imbalance": _imbalance(loads),
+        "predicted_token_imbalance": _imbalance(tokens),
         "trainer_steps": int(tl.step_end.size),
         "predicted_trainer_end": round(float(tl.step_end[-1]), 4) if tl.step_end.size else 0.0,
         "admission_wait_s": round(tl.admission_wait_s, 4),
@@ -270,7 +280,6 @@ def assemble(
         "plan_seconds": round(time.perf_counter() - t0, 4),
         "warnings": capacity_warnings(cfg, int(units.sizes.max()) if u_count else 0, u_count),
     }
-    return plan
 
 
 def capacity_warnings(cfg: PlannerConfig, unit_samples: int, num_units: int) -> list[str]:

@@ -124,20 +124,10 @@ def resolve_path(name_or_path: str) -> Path:
     return q
 
 
-def load_preset(
-    name_or_path: str,
-    iterations: int | None = None,
-    trace: str | None = None,
-    calib: str | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> Preset:
-    """Load and validate a preset; `iterations` / `trace` / `calib` override the file (CLI flags).
-
-    A relative `cost_from` is looked up in the working directory first, then next to the preset.
-    """
+def _read_preset_file(path: Path) -> dict[str, Any]:
+    """The preset file's top-level mapping, its keys checked (one line naming the first problem)."""
     import yaml
 
-    path = resolve_path(name_or_path)
     try:
         data = yaml.safe_load(read_text_file(path, "preset YAML"))
     except yaml.YAMLError as exc:
@@ -150,6 +140,22 @@ def load_preset(
         raise UserError(f"{path}: unknown key '{unknown[0]}' (known: {', '.join(sorted(allowed))})")
     if not isinstance(data.get("sources") or {}, dict):
         raise UserError(f"{path}: sources: expected a mapping, got {type(data['sources']).__name__}")
+    return data
+
+
+def load_preset(
+    name_or_path: str,
+    iterations: int | None = None,
+    trace: str | None = None,
+    calib: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Preset:
+    """Load and validate a preset; `iterations` / `trace` / `calib` override the file (CLI flags).
+
+    A relative `cost_from` is looked up in the working directory first, then next to the preset.
+    """
+    path = resolve_path(name_or_path)
+    data = _read_preset_file(path)
     cluster = _build(Cluster, data.get("cluster"), f"{path}: cluster")
     workload = _build(WorkloadSpec, data.get("workload"), f"{path}: workload")
     if workload.trace is not None and not isinstance(workload.trace, str):
