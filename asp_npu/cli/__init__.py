@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("asp_npu.cli.check", "validate a config against a cluster without touching hardware"),
     "import-config": ("asp_npu.cli.import_config", "translate a MindSpeed-RL GRPO config into ours"),
     "report": ("asp_npu.cli.report", "redraw the one-page report of a run directory"),
-    "config-reference": ("asp_npu.cli.config_reference", "every config key: default, range, MindSpeed-RL name"),
+    "config-reference": ("asp_npu.cli.config_reference", "every config key, default, range, MindSpeed name"),
 }
 
 
