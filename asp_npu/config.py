@@ -9,7 +9,8 @@ process group starts; `validate` lists every problem, not just the first.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import FrozenInstanceError, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,20 @@ from asp_npu.core.modes import COLOCATED_MODES, MODES  # the one mode table
 from asp_npu.errors import ConfigError, UserError
 
 
+class Section:
+    """A config section, read-only once `freeze` has run (after validation): no role changes the run's
+    config mid-run. A changed copy comes from `with_changes`; what start-up derives (placement, cores,
+    the warm-started model) is passed beside the config, not written into it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen", False):
+            raise FrozenInstanceError(f"the run's config is frozen after validation: {type(self).__name__}."
+                                      f"{name} cannot change (derive a copy with config.with_changes)")
+        object.__setattr__(self, name, value)
+
+
 @dataclass
-class ModelArch:
+class ModelArch(Section):
     """Architecture numbers for `asp-npu check` memory/TP estimates; 0 = read model.path/config.json."""
 
     hidden_size: int = 0
@@ -49,7 +62,7 @@ class ModelArch:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Which policy: a local HF folder, or one built by `asp-npu init-model` when absent."""
 
     path: str = "models/tiny"  # HF folder (config.json + tokenizer + weights)
@@ -63,7 +76,7 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     """Prompts: a verl/MindSpeed-RL style JSONL/Parquet file, or a built-in synthetic task."""
 
     data_path: str = ""  # empty -> synthetic task below
@@ -74,7 +87,7 @@ class DataConfig:
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(Section):
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -85,7 +98,7 @@ WEIGHT_TRANSFERS = ("auto", "object-store")
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(Section):
     """Rollout instances (MindSpeed-RL `generate_config`)."""
 
     num_instances: int = 2
@@ -107,7 +120,7 @@ class GenerateConfig:
 
 
 @dataclass
-class ActorConfig:
+class ActorConfig(Section):
     """Megatron-core trainer (MindSpeed-RL `actor_config`)."""
 
     tensor_model_parallel_size: int = 1
@@ -148,7 +161,7 @@ class ActorConfig:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(Section):
     """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
 
     mode: str = "asp"  # one of MODES
@@ -179,7 +192,7 @@ class RLConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Section):
     """Run bookkeeping (verl `trainer` section)."""
 
     train_iters: int = 10
@@ -201,7 +214,7 @@ class TrainerConfig:
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(Section):
     """Supervised warm-start (`asp-npu sft`; `model.warm_start_steps` in `asp-npu train`) on data.task."""
 
     steps: int = 2500
@@ -216,7 +229,7 @@ class SFTConfig:
 
 
 @dataclass
-class Config:
+class Config(Section):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
@@ -506,6 +519,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
         problems = validate(cfg)
         if problems:
             raise ConfigError("; ".join(problems))
+        freeze(cfg)
     return cfg
 
 
@@ -529,3 +543,36 @@ def config_from_mapping(raw: Any, source: str = "config") -> Config:
         raise ConfigError(f"{source}: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from None
+
+
+def freeze(cfg: Any) -> Any:
+    """Make every section of `cfg` read-only (a write raises FrozenInstanceError); returns `cfg`."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if is_dataclass(value):
+            freeze(value)
+    object.__setattr__(cfg, "_frozen", True)
+    return cfg
+
+
+def is_frozen(cfg: Any) -> bool:
+    return bool(cfg.__dict__.get("_frozen", False))
+
+
+def with_changes(cfg: Any, changes: Mapping[str, Any]) -> Any:
+    """A copy of `cfg` (or of one section) with `section.key` values replaced; frozen if `cfg` was."""
+    direct: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[head] = value
+    try:
+        for head, sub in nested.items():
+            direct[head] = with_changes(getattr(cfg, head), sub)
+        new = replace(cfg, **direct)
+    except (AttributeError, TypeError) as exc:
+        raise ConfigError(f"config change {sorted(changes)}: {exc}") from None
+    return freeze(new) if is_frozen(cfg) else new

@@ -11,7 +11,6 @@ With partial rollout (`--partial-rollout`) each asynchronous disaggregated mode 
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import sys
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config
+from asp_npu.config import Config, with_changes
 from asp_npu.pipeline.preflight import preflight
 
 BASELINE = "mindspeed-sync"
@@ -126,14 +125,10 @@ def partial_table(agg: dict[str, Any]) -> str:
 
 
 def _mode_config(base: Config, name: str, seed: int, out_dir: Path) -> Config:
-    cfg = copy.deepcopy(base)
-    mode = name.removesuffix(PARTIAL)
-    cfg.rl_config.mode = mode
-    cfg.rl_config.partial_rollout = name.endswith(PARTIAL)
-    cfg.data.seed = seed
-    cfg.trainer.run_dir = str(out_dir / f"{name}_s{seed}")
-    cfg.model.warm_start_steps = 0
-    return cfg
+    return with_changes(base, {"rl_config.mode": name.removesuffix(PARTIAL),
+                               "rl_config.partial_rollout": name.endswith(PARTIAL), "data.seed": seed,
+                               "trainer.run_dir": str(out_dir / f"{name}_s{seed}"),
+                               "model.warm_start_steps": 0})
 
 
 def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, json_path: str | None = None,

@@ -179,13 +179,11 @@ def measure_engine(
 def _placed(cfg: Config, kind: DeviceKind, mode: str) -> tuple[Config, Any]:
     """A copy of `cfg` run as `mode`, with the trainer ranks' cores and threads the controller would
     give it (`pipeline.fleet.Fleet` places without starting anything), and that placement."""
-    import copy
-
+    from asp_npu.config import with_changes
     from asp_npu.core.modes import mode_spec
     from asp_npu.pipeline.fleet import Fleet
 
-    c = copy.deepcopy(cfg)
-    c.rl_config.mode = mode
+    c = with_changes(cfg, {"rl_config.mode": mode})
     fleet = Fleet(c, kind, mode_spec(mode, c.generate_config.admission))
     return c, fleet.placement
 

@@ -16,7 +16,6 @@ resume + refresh. Output: the run directory (`recorder.py`); checkpoints and res
 
 from __future__ import annotations
 
-import copy
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -51,7 +50,6 @@ class Controller:
 
     def __init__(self, cfg: Config, run: rd.RunDir, prompts: list[PromptItem], kind: str = "cpu",
                  console: bool = True, label: str = "") -> None:
-        cfg = copy.deepcopy(cfg)  # placement writes the trainer's cores into it
         rl = cfg.rl_config
         self.cfg, self.run_dir, self.prompts = cfg, run, prompts
         self.mode = mode_spec(rl.mode, cfg.generate_config.admission)

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from asp_npu.config import Config
+from asp_npu.config import Config, with_changes
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
@@ -65,11 +65,14 @@ class Fleet:
                                    self.mode.colocated)
         if placement is None:
             return None
+        derived: dict[str, Any] = {}  # the fleet's config carries them to the trainer ranks
         if not act.cpu_cores and placement.disjoint:
-            act.cpu_cores = ",".join(str(c) for c in placement.trainer_cores)
+            derived["actor_config.cpu_cores"] = ",".join(str(c) for c in placement.trainer_cores)
         if not act.num_threads:  # a shared asynchronous trainer gets the cores the instances leave
             busy = 0 if placement.disjoint or self.mode.colocated else sh.instances * sh.infer_tp
-            act.num_threads = max(1, (len(placement.trainer_cores) - busy) // sh.trainer_world)
+            free = len(placement.trainer_cores) - busy
+            derived["actor_config.num_threads"] = max(1, free // sh.trainer_world)
+        self.cfg = with_changes(self.cfg, derived)
         return placement
 
     def _layout_devices(self, per_node: int) -> int:

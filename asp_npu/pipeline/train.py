@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config, to_dict
+from asp_npu.config import Config, to_dict, with_changes
 from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
 
@@ -37,14 +37,14 @@ def prepare_model(cfg: Config) -> None:
     print(f"built model {path} ({cfg.model.size}) in {time.time() - t0:.1f}s", file=sys.stderr)
 
 
-def warm_start(cfg: Config, run: rd.RunDir) -> None:
+def warm_start(cfg: Config, run: rd.RunDir) -> Config:
     """Supervised warm start (`model.warm_start_steps` > 0): RL then starts from non-zero reward.
 
     The warm-started policy is written next to the run (`<run_dir>/warm_start`) and used as
-    `model.path` from here on, so instances and trainer start from the same weights.
+    `model.path` from here on (the config returned), so instances and trainer start from the same weights.
     """
     if cfg.model.warm_start_steps <= 0 or cfg.actor_config.load:
-        return  # a resumed run takes its weights from the checkpoint
+        return cfg  # a resumed run takes its weights from the checkpoint
     from asp_npu.trainer import sft
 
     out = run.path / rd.WARM_START
@@ -53,7 +53,7 @@ def warm_start(cfg: Config, run: rd.RunDir) -> None:
     last = result["evals"][-1] if result.get("evals") else {}
     print(f"warm start: {cfg.model.warm_start_steps} SFT steps in {time.time() - t0:.1f}s -> {out} "
           f"(greedy reward {last.get('reward', float('nan')):.3f})", file=sys.stderr)
-    cfg.model.path = str(out)
+    return with_changes(cfg, {"model.path": str(out)})
 
 
 def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
@@ -125,7 +125,7 @@ def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, c
                    label: str) -> dict[str, Any]:
     """Warm start (if configured), then the controller from start to its summary (restarted from the
     last checkpoint when a trainer rank fails, `trainer.max_restarts` times)."""
-    warm_start(cfg, run)
+    cfg = warm_start(cfg, run)
     restarts: list[dict[str, Any]] = []  # each attempt's run_log starts with the restarts before it
     while True:
         summary = _attempt(cfg, run, prompts, kind, console, label, restarts)
@@ -184,12 +184,9 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
 def _restart_config(cfg: Config, run: rd.RunDir) -> Config:
     """The config of a restart: resume from the last complete checkpoint (when none was written yet, from
     where this run started: its own `actor_config.load`, or the beginning)."""
-    import copy
-
     from asp_npu.pipeline import resume
 
-    new = copy.deepcopy(cfg)
     root = Path(cfg.actor_config.save or run.checkpoints)
-    new.actor_config.load = str(root) if resume.last_checkpoint(root) else cfg.actor_config.load
-    new.model.warm_start_steps = 0  # model.path already names the warm-started policy
-    return new
+    load = str(root) if resume.last_checkpoint(root) else cfg.actor_config.load
+    # model.path already names the warm-started policy
+    return with_changes(cfg, {"actor_config.load": load, "model.warm_start_steps": 0})
