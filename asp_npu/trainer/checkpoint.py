@@ -223,7 +223,10 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
                           f"{str(meta['use_distributed_optimizer']).lower()}; the trainer runs "
                           f"{str(dist_opt).lower()} (its optimizer state layouts differ)")
     it = Path(meta["path"])
-    state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
+    # megatron's HybridDeviceOptimizer (optimizer_cpu_offload) keeps its sub-optimizer classes in its
+    # param groups, so they are in the saved common state: let torch's safe loader accept those two
+    with torch.serialization.safe_globals([torch.optim.AdamW, torch.optim.SGD]):
+        state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
     worker.module.load_state_dict(state["model"], strict=True)
     worker.optimizer.load_state_dict(state["optimizer"])
     _unshare_steps(worker.optimizer)

@@ -202,7 +202,16 @@ def _install_hybrid_optimizer_shim() -> None:
                     p.retain_grad()
         init(self, groups, *args, **kwargs)
 
+    def update_fp32_params(self: Any) -> None:
+        """megatron re-syncs loaded state into the fp32 copies of low-precision weights and looks one up
+        for every parameter; fp32 weights (the CPU trainer's) have none and are their own master."""
+        if self.param_update_in_fp32:
+            for param, state in self.state.items():
+                if param in self.param_to_fp32_param:
+                    self.param_to_fp32_param[param].data.copy_(state["master_param"])
+
     HDO.__init__ = hdo_init
+    HDO._update_fp32_params_by_new_state = update_fp32_params
     HDO._get_sub_optimizer_param_groups = emulated(HDO._get_sub_optimizer_param_groups)
     HDO._move_new_state_to_right_device = emulated(HDO._move_new_state_to_right_device)
 

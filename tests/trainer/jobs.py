@@ -258,3 +258,25 @@ def schedule_and_resume(rank: int, world: int, port: int, model_dir: str, ckpt: 
         e.train_step(make_batch(seed=i))
     return {"lrs": lrs, "losses": losses, "reference": reference, "resumed_lrs": [m["lr"] for m in resumed],
             "resumed_losses": [m["loss"] for m in resumed], "epoch_steps": e.scheduler.num_steps}
+
+
+def offload_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str,
+                   fraction: float) -> dict[str, Any]:
+    """Host-resident optimizer (megatron's HybridDeviceOptimizer) through a checkpoint: two steps, save,
+    two more; a fresh trainer loads and takes the same two."""
+    from asp_npu.trainer.worker import TrainerWorker
+
+    def worker() -> Any:
+        cfg = trainer_config(Path(model_dir), use_distributed_optimizer=True, optimizer_cpu_offload=True,
+                             optimizer_offload_fraction=fraction)
+        return TrainerWorker(cfg, rank, world, master_port=port)
+
+    w = worker()
+    for i in (0, 1):
+        w.train_step(make_batch(seed=i))
+    w.save(ckpt)
+    uninterrupted = [w.train_step(make_batch(seed=i))["loss"] for i in (2, 3)]
+    r = worker()
+    r.load(ckpt)
+    resumed = [r.train_step(make_batch(seed=i))["loss"] for i in (2, 3)]
+    return {"uninterrupted": uninterrupted, "resumed": resumed}

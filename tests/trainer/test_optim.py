@@ -72,12 +72,13 @@ def test_defaults_are_valid_and_keep_the_constant_lr() -> None:
     cfg = Config()
     assert validate(cfg) == []
     v = scheduler_values(cfg)
-    assert v["lr_decay_style"] == "constant" and v["lr_warmup_steps"] == 0 and v["init_lr"] == cfg.actor_config.lr
+    assert v["lr_decay_style"] == "constant" and v["lr_warmup_steps"] == 0
+    assert v["init_lr"] == v["max_lr"] == cfg.actor_config.lr
 
 
 @settings(max_examples=60, deadline=None)
-@given(iters=st.integers(1, 50), frac=st.floats(0, 0.99), epochs=st.integers(1, 4), groups=st.integers(1, 4),
-       window=st.integers(1, 4))
+@given(iters=st.integers(1, 50), frac=st.floats(0, 0.99), epochs=st.integers(1, 4),
+       groups=st.integers(1, 4), window=st.integers(1, 4))
 def test_schedule_lengths_are_iterations_times_optimizer_steps(iters: int, frac: float, epochs: int,
                                                                 groups: int, window: int) -> None:
     """Warm-up and decay are in iterations; one iteration is (trainer steps per window) x ppo_epochs
@@ -156,3 +157,9 @@ def test_host_offload_trains_as_without_it(model_dir: str) -> None:
     assert r["offload 1.0"]["bytes"]["optimizer"] == 0 < r["offload 1.0"]["bytes"]["optimizer_host"]
     half = r["offload 0.5"]["bytes"]
     assert 0 < half["optimizer"] < plain["bytes"]["optimizer"] and half["optimizer_host"] > 0
+
+
+@pytest.mark.slow
+def test_host_offload_resumes_from_a_checkpoint(model_dir: str, tmp_path: Path) -> None:
+    r = run_ranks(1, jobs.offload_resume, model_dir, str(tmp_path / "ckpt"), 0.5, timeout=600)[0]
+    assert r["resumed"] == r["uninterrupted"]
