@@ -90,9 +90,9 @@ def optimizer_figures(model: str, tmp: str) -> dict:
     one = run_ranks(1, jobs.training_parity, model, OFFLOAD_ONE, timeout=900)[0]
     two = run_ranks(2, jobs.training_parity, model, OFFLOAD_TWO, timeout=900)
     sched = run_ranks(1, jobs.schedule_and_resume, model, str(Path(tmp) / "ckpt_sched"), timeout=900)[0]
-    memory = {**{k: [one[k]["bytes"]] for k in OFFLOAD_ONE},
-              **{k: [r[k]["bytes"] for r in two] for k in OFFLOAD_TWO}}
-    return {"parity": _parity({**one, **two[0]}, OFFLOAD_PAIRS), "bytes_per_rank": memory,
+    memory = {**{k: [one[k]["optimizer_bytes"]] for k in OFFLOAD_ONE},
+              **{k: [r[k]["optimizer_bytes"] for r in two] for k in OFFLOAD_TWO}}
+    return {"parity": _parity({**one, **two[0]}, OFFLOAD_PAIRS), "optimizer_bytes_per_rank": memory,
             "schedule": {"lr_per_step": sched["lrs"], "megatron_reference": sched["reference"],
                          "exact": sched["lrs"] == sched["reference"],
                          "resumed_lrs": sched["resumed_lrs"], "uninterrupted_lrs": sched["lrs"][4:6],
@@ -107,8 +107,8 @@ def _print_optimizer(out: dict) -> None:
         dl, dg, dp = p["max_loss_diff"], p["max_grad_diff"], p["max_logprob_diff"]
         print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
     print("\noptimizer bytes per rank (device / host):")
-    for k, v in out["bytes_per_rank"].items():
-        print(f"{k:<24} " + "  ".join(f"{b['optimizer']}/{b['optimizer_host']}" for b in v))
+    for k, v in out["optimizer_bytes_per_rank"].items():
+        print(f"{k:<24} " + "  ".join(f"{b['device']}/{b['host']}" for b in v))
     s = out["schedule"]
     print(f"\nlr per step: {s['lr_per_step']}\nmegatron:    {s['megatron_reference']}\nexact: {s['exact']}")
     print(f"resume after step 4: lrs {s['resumed_lrs']} vs {s['uninterrupted_lrs']}, losses "

@@ -267,12 +267,11 @@ class TrainerWorker:
             self.offload_train_state()
 
     def allocated_bytes(self) -> dict[str, int]:
-        """Device bytes of this rank's weights, grads and optimizer state (`trainer.memory`)."""
+        """Device bytes of this rank's weights, grads and optimizer state (`trainer.memory`; optimizer
+        state kept on the host by `optimizer_cpu_offload` is not device memory: `optimizer_bytes`)."""
         from asp_npu.trainer.memory import allocated_bytes
 
-        out = allocated_bytes(self.model, self.optimizer)
-        placed = self.optimizer_bytes()
-        return {**out, "optimizer": placed["device"], "optimizer_host": placed["host"]}
+        return {**allocated_bytes(self.model, self.optimizer), "optimizer": self.optimizer_bytes()["device"]}
 
     def optimizer_bytes(self) -> dict[str, int]:
         """This rank's measured optimizer bytes: `device` (resident on the accelerator) and `host`

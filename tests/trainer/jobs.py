@@ -142,6 +142,7 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
         losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
         out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
                      "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
+                     "optimizer_bytes": w.optimizer_bytes(),
                      "core_attn_calls": calls[0], "logprobs": w.compute_logprobs(make_batch(seed=99))}
     return out
 
