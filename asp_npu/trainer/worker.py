@@ -436,10 +436,12 @@ class TrainerWorker:
         schedule (`schedule`); returns the global gradient norm before clipping."""
         from megatron.core.distributed import finalize_model_grads
 
+        from asp_npu.trainer.optim import current_lr
+
         finalize_model_grads([self.model])
         if schedule:  # the schedule's lr, also after a supervised warm-start set its own
             self.scheduler.step(increment=0)
-        self.last_lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
+        self.last_lr = current_lr(self.optimizer)
         ok, norm, _ = self.optimizer.step()
         if ok and schedule:  # MindSpeed-RL: the schedule advances after every successful update
             self.scheduler.step(increment=1)
