@@ -154,6 +154,26 @@ class ActorConfig(Section):
     offload_train_optimizer: bool = False
     offload_train_grad: bool = False
     offload_train_param: bool = False
+    # learning-rate schedule: megatron-core's OptimizerParamScheduler, stepped once per optimizer step
+    # (MindSpeed-RL actor_config names; iterations are trainer.train_iters units; docs/optimizer.md)
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    min_lr: float = 0.0  # lr at the end of the decay
+    lr_warmup_fraction: float = 0.0  # linear warm-up over this fraction of the decay (else lr_warmup_iters)
+    lr_warmup_iters: int = 0  # linear warm-up over this many iterations
+    lr_warmup_init: float = 0.0  # lr at the first warm-up step
+    lr_decay_iters: int = 0  # iterations from the start to min_lr (0 = trainer.train_iters)
+    weight_decay_incr_style: str = "constant"  # constant (weight_decay) | linear | cosine: start -> end
+    start_weight_decay: float = 0.0  # only with weight_decay_incr_style linear | cosine
+    end_weight_decay: float = 0.0
+    # Adam (megatron-core OptimizerConfig; AdamW: weight decay decoupled)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    # optimizer state on the host in any mode (megatron-core HybridDeviceOptimizer; MindSpeed's
+    # swap_optimizer imports to it): this share of the fp32 master weights and Adam moments lives and is
+    # stepped in host memory; needs use_distributed_optimizer
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -290,6 +310,11 @@ NUMERIC_RANGES: dict[str, Range] = {
     "actor_config.micro_batch_size": AT_LEAST_1,
     "actor_config.ppo_epochs": AT_LEAST_1,
     "actor_config.ppo_max_token_len_per_gpu": AT_LEAST_1,
+    "actor_config.lr_warmup_fraction": (0, 1, False, True),
+    "actor_config.adam_beta1": (0, 1, False, True),
+    "actor_config.adam_beta2": (0, 1, False, True),
+    "actor_config.adam_eps": POSITIVE,
+    "actor_config.optimizer_offload_fraction": (0, 1, False, False),
     "rl_config.n_samples_per_prompt": AT_LEAST_1,
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
@@ -385,6 +410,7 @@ def validate(cfg: Config) -> list[str]:
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
+    problems += optimizer_problems(act, cfg.trainer.train_iters)
     problems += _npu_rollout_problems(gen)
     if gen.weight_transfer not in WEIGHT_TRANSFERS:
         problems.append(f"generate_config.weight_transfer: '{gen.weight_transfer}' is not "
@@ -474,6 +500,49 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
         problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
                         f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
     return problems
+
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine")  # megatron-core OptimizerParamScheduler styles we test
+WD_INCR_STYLES = ("constant", "linear", "cosine")
+
+
+def warmup_and_decay_iters(act: ActorConfig, train_iters: int) -> tuple[float, int]:
+    """(warm-up, decay) length in iterations, as megatron derives them: the warm-up is
+    `lr_warmup_fraction` of the decay when set, else `lr_warmup_iters`; the decay ends at
+    `lr_decay_iters` (0 = the whole run)."""
+    decay = act.lr_decay_iters or train_iters
+    return (act.lr_warmup_fraction * decay if act.lr_warmup_fraction else float(act.lr_warmup_iters)), decay
+
+
+def optimizer_problems(act: ActorConfig, train_iters: int) -> list[str]:
+    """Schedule and host-offload settings megatron-core's scheduler / HybridDeviceOptimizer refuse."""
+    out: list[str] = []
+    if act.lr_decay_style not in LR_DECAY_STYLES:
+        out.append(f"actor_config.lr_decay_style: '{act.lr_decay_style}' is not {'|'.join(LR_DECAY_STYLES)}")
+    if act.weight_decay_incr_style not in WD_INCR_STYLES:
+        out.append(f"actor_config.weight_decay_incr_style: '{act.weight_decay_incr_style}' is not "
+                   f"{'|'.join(WD_INCR_STYLES)}")
+    elif act.weight_decay_incr_style != "constant" and act.end_weight_decay < act.start_weight_decay:
+        out.append(f"actor_config.end_weight_decay: {act.end_weight_decay} is below start_weight_decay "
+                   f"{act.start_weight_decay} (megatron's schedule only increases weight decay)")
+    if act.min_lr > act.lr:
+        out.append(f"actor_config.min_lr: {act.min_lr} is above lr {act.lr}")
+    if act.lr_warmup_init > act.lr:
+        out.append(f"actor_config.lr_warmup_init: {act.lr_warmup_init} is above lr {act.lr}")
+    if act.lr_warmup_fraction and act.lr_warmup_iters:
+        out.append("actor_config.lr_warmup_fraction: set it or lr_warmup_iters, not both")
+    warmup, decay = warmup_and_decay_iters(act, train_iters)
+    if train_iters >= 1 and (warmup >= decay or warmup > train_iters):
+        key = "lr_warmup_fraction" if act.lr_warmup_fraction else "lr_warmup_iters"
+        out.append(f"actor_config.{key}: a warm-up of {warmup:g} iterations is not shorter than "
+                   f"the decay ({decay} iterations) and the run (trainer.train_iters={train_iters})")
+    if act.optimizer_cpu_offload and not act.use_distributed_optimizer:
+        out.append("actor_config.optimizer_cpu_offload: needs actor_config.use_distributed_optimizer=true "
+                   "(megatron-core's HybridDeviceOptimizer runs inside the distributed optimizer)")
+    if act.optimizer_cpu_offload and act.offload_train_optimizer:
+        out.append("actor_config.offload_train_optimizer: optimizer_cpu_offload keeps the optimizer state on "
+                   "the host already; set one of them")
+    return out
 
 
 def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:

@@ -1,6 +1,11 @@
 """Parity figures of the megatron-core trainer on CPU (fp32, gloo): what tests/trainer asserts, measured.
 
-Usage: .venv/bin/python benchmarks/trainer_parity.py [--json]
+Usage: .venv/bin/python benchmarks/trainer_parity.py [--json] [--optimizer]
+
+`--optimizer` measures only the optimizer figures (docs/bench/optim.md): host-resident optimizer state
+(`actor_config.optimizer_cpu_offload`, fraction 1.0 / 0.5, megatron's HybridDeviceOptimizer) vs the
+plain distributed optimizer at DP=1 and DP=2 (losses, gradients, device/host optimizer bytes per rank),
+and the lr schedule (per-step lr vs megatron's OptimizerParamScheduler, resume mid-schedule).
 
 On the tests' tiny random Qwen2 model (2 layers, hidden 64, vocabulary 203), three GRPO steps each:
 - max |loss difference|, max |gradient difference| (every HF-named tensor, before each of the 3
@@ -53,6 +58,63 @@ PAIRS = [("TP1 DP2 distopt", "TP1 DP1 distopt"), ("TP2 DP1 SP", "TP1 DP1"), ("CP
          ("recompute selective", "TP1 DP1")]
 
 
+def _offload(fraction: float, dp: int = 1) -> dict:
+    return {"data_parallel_size": dp, "use_distributed_optimizer": True, "optimizer_cpu_offload": True,
+            "optimizer_offload_fraction": fraction}
+
+
+OFFLOAD_ONE = {"TP1 DP1 distopt": {"use_distributed_optimizer": True},
+               "TP1 DP1 offload 1.0": _offload(1.0), "TP1 DP1 offload 0.5": _offload(0.5)}
+OFFLOAD_TWO = {"TP1 DP2 distopt": {"data_parallel_size": 2, "use_distributed_optimizer": True},
+               "TP1 DP2 offload 1.0": _offload(1.0, 2), "TP1 DP2 offload 0.5": _offload(0.5, 2)}
+OFFLOAD_PAIRS = [(f"TP1 DP{d} offload {f}", f"TP1 DP{d} distopt") for d in (1, 2) for f in ("1.0", "0.5")]
+
+
+def _parity(runs: dict, pairs: list[tuple[str, str]]) -> list[dict]:
+    out = []
+    for name, ref in pairs:
+        a, b = runs[name], runs[ref]
+        out.append({
+            "setup": name, "reference": ref,
+            "max_loss_diff": max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True)),
+            "max_grad_diff": max(float(np.abs(ga[k] - gb[k]).max())
+                                 for ga, gb in zip(a["grads"], b["grads"], strict=True) for k in ga),
+            "max_logprob_diff": max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"], strict=True)
+                                    for x, y in zip(la, lb, strict=True)),
+            "losses": a["losses"]})
+    return out
+
+
+def optimizer_figures(model: str, tmp: str) -> dict:
+    """Host-resident optimizer parity and bytes per rank; the lr schedule and its resume."""
+    one = run_ranks(1, jobs.training_parity, model, OFFLOAD_ONE, timeout=900)[0]
+    two = run_ranks(2, jobs.training_parity, model, OFFLOAD_TWO, timeout=900)
+    sched = run_ranks(1, jobs.schedule_and_resume, model, str(Path(tmp) / "ckpt_sched"), timeout=900)[0]
+    memory = {**{k: [one[k]["optimizer_bytes"]] for k in OFFLOAD_ONE},
+              **{k: [r[k]["optimizer_bytes"] for r in two] for k in OFFLOAD_TWO}}
+    return {"parity": _parity({**one, **two[0]}, OFFLOAD_PAIRS), "optimizer_bytes_per_rank": memory,
+            "schedule": {"lr_per_step": sched["lrs"], "megatron_reference": sched["reference"],
+                         "exact": sched["lrs"] == sched["reference"],
+                         "resumed_lrs": sched["resumed_lrs"], "uninterrupted_lrs": sched["lrs"][4:6],
+                         "resumed_losses": sched["resumed_losses"],
+                         "uninterrupted_losses": sched["losses"][4:6],
+                         "optimizer_steps_after_3_steps_of_2_epochs": sched["epoch_steps"]}}
+
+
+def _print_optimizer(out: dict) -> None:
+    print(f"{'setup':<24} {'vs':<16} {'max |dloss|':>12} {'max |dgrad|':>12} {'max |dlogp|':>12}")
+    for p in out["parity"]:
+        dl, dg, dp = p["max_loss_diff"], p["max_grad_diff"], p["max_logprob_diff"]
+        print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
+    print("\noptimizer bytes per rank (device / host):")
+    for k, v in out["optimizer_bytes_per_rank"].items():
+        print(f"{k:<24} " + "  ".join(f"{b['device']}/{b['host']}" for b in v))
+    s = out["schedule"]
+    print(f"\nlr per step: {s['lr_per_step']}\nmegatron:    {s['megatron_reference']}\nexact: {s['exact']}")
+    print(f"resume after step 4: lrs {s['resumed_lrs']} vs {s['uninterrupted_lrs']}, losses "
+          f"{s['resumed_losses']} vs {s['uninterrupted_losses']}")
+
+
 def _resume(model: str, ckpt: str, save: tuple[int, ...], load: tuple[int, ...]) -> dict:
     r = run_ranks(2, jobs.reshard_resume, model, ckpt, save, load, True, timeout=900)[0]
     out = {"losses_uninterrupted": [m["loss"] for m in r["uninterrupted"]],
@@ -65,9 +127,15 @@ def _resume(model: str, ckpt: str, save: tuple[int, ...], load: tuple[int, ...])
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--optimizer", action="store_true", help="only the optimizer figures")
     args = ap.parse_args()
     for k, v in {**loopback_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}.items():
         os.environ.setdefault(k, v)
+    if args.optimizer:
+        with tempfile.TemporaryDirectory() as tmp:
+            opt = optimizer_figures(str(make_hf_model(Path(tmp) / "hf", tied=True)), tmp)
+        print(json.dumps(opt, indent=2)) if args.json else _print_optimizer(opt)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_hf_model(Path(tmp) / "hf", tied=True))
         one = run_ranks(1, jobs.training_parity, model, ONE_RANK, timeout=900)[0]

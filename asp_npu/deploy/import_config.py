@@ -139,7 +139,8 @@ _KERNEL = "MindSpeed kernel/feature switch: MindSpeed's adaptor applies its NPU 
 _DATA = "option of MindSpeed's preprocessed (Megatron-format) datasets; asp-npu reads JSONL/Parquet directly"
 _HF = "model hyper-parameter: asp-npu takes it from the HF config.json of model.path"
 _SCHED = "MindSpeed-RL TransferDock/dispatch tuning: asp-npu's planner and TrainQueue decide dispatch"
-_LR = "learning-rate schedule/Adam option: asp-npu uses a constant lr with default Adam betas"
+_SHUFFLE = ("no effect on the trained result: an asp-npu trainer step is one minibatch, so there is no "
+            "minibatch order to shuffle (its micro-batches are summed)")
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
 _REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
@@ -173,7 +174,13 @@ _DIRECT = {
     "clip_grad": "actor_config.clip_grad",
     "load": "actor_config.load",
     "save": "actor_config.save",
+    **{k: f"actor_config.{k}" for k in (  # the lr schedule and Adam (asp_npu.trainer.optim)
+        "lr_decay_style", "min_lr", "lr_warmup_fraction", "lr_warmup_iters", "lr_warmup_init",
+        "lr_decay_iters", "adam_beta1", "adam_beta2", "adam_eps", "weight_decay_incr_style",
+        "start_weight_decay", "end_weight_decay")},
 }
+# MindSpeed-RL's own defaults (its MegatronConfig) for the optimizer keys a config may leave out
+_MINDSPEED_OPTIM_DEFAULTS = {"lr_decay_style": "linear", "weight_decay": 0.01}
 _TRAINING_REASONS = {
     **dict.fromkeys(
         (
@@ -221,18 +228,6 @@ _TRAINING_REASONS = {
         ),
         _HF,
     ),
-    **dict.fromkeys(
-        (
-            "lr_decay_style",
-            "min_lr",
-            "lr_warmup_fraction",
-            "adam_beta1",
-            "adam_beta2",
-            "lr_warmup_iters",
-            "adam_eps",
-        ),
-        _LR,
-    ),
     "tokenizer_type": "the tokenizer is the one saved in model.path (HF)",
     "stage": "asp-npu always trains GRPO-style RL; the stage is implied",
     "distributed_backend": "chosen by asp_npu.device: hccl on NPU, nccl on CUDA, gloo on CPU",
@@ -267,8 +262,6 @@ _RL_REASONS = {
             "actor_logprob_dispatch_size",
             "ref_dispatch_size",
             "guarantee_order",
-            "shuffle_mini_batch",
-            "shuffle_minibatch",
             "num_cpus_for_local_task",
             "use_remove_padding",
             "actor_max_packing_token_size",
@@ -289,7 +282,7 @@ _RL_REASONS = {
     ),
     "gamma": "GAE discount: GRPO group_norm advantages do not use it",
     "lam": "GAE lambda: GRPO group_norm advantages do not use it",
-    "epochs": "asp-npu takes one optimizer pass over each minibatch",
+    **dict.fromkeys(("shuffle_mini_batch", "shuffle_minibatch"), _SHUFFLE),
     **dict.fromkeys(
         ("rule_reward", "verifier_function", "verifier_weight", "verifier_parallel", "verifier_timeout"),
         _REWARD,
@@ -571,6 +564,8 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
         tr.set(key, f"rl_config.{leaf}", value)
     elif key == "rl_config.mini_batch_size":
         _mini_batch(ms, tr, key, value)
+    elif key == "rl_config.epochs":
+        tr.set(key, "actor_config.ppo_epochs", _as_int(key, value))
     elif key == "rl_config.init_kl_coef":
         tr.set(key, "rl_config.kl_coef", _as_float(key, value))
     elif key == "rl_config.clip_ratio":
@@ -695,9 +690,8 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
     - noop_layers + num_layers: MindSpeed pads the model to num_layers with no-op layers at those global
       indices and splits evenly; the real layers per stage are the same uneven num_layer_list;
     - context_parallel_size -> actor_config.context_parallel_size (NPU: MindSpeed's attention);
-    - swap_optimizer (colocated modes) -> offload_train_optimizer: the state is off the NPU while the
-      engines generate, as under the swap; while training asp-npu keeps it whole on the NPU (check sizes
-      it there: an upper bound of MindSpeed's chunked swap)."""
+    - swap_optimizer -> optimizer_cpu_offload at fraction 1.0 (megatron-core's HybridDeviceOptimizer):
+      the state lives and is stepped in host memory, in every mode."""
     act = tr.out.get("actor_config", {})
     tp = _as_int("tensor_model_parallel_size", act.get("tensor_model_parallel_size", 1))
     pp = _as_int("pipeline_model_parallel_size", act.get("pipeline_model_parallel_size", 1))
@@ -717,12 +711,8 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
     elif key:
         tr.mapped.append(key)
     key, swap = seen["swap_optimizer"]
-    if key and swap and colocated:
-        tr.set(key, "actor_config.offload_train_optimizer", True)
-        tr.notes.append(f"{key}: {_SWAP}; asp-npu moves the whole state to host memory while the engines "
-                        "generate (offload_train_optimizer) and keeps it on the NPU while training")
-    elif key and swap:
-        tr.skip(key, _SWAP + "; asp-npu keeps it on the NPU (check sizes it there)")
+    if key and swap:
+        _swap_optimizer(tr, key)
     elif key:
         tr.mapped.append(key)
     key, cp = seen["context_parallel_size"]
@@ -760,6 +750,27 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
         tr.mapped.append(layers_key)
     tr.notes.append(f"{noop_key} {holes} in {padded_n} padded layers over PP{pp}: stages of "
                     f"{'+'.join(map(str, stages))} real layers (actor_config.num_layer_list)")
+
+
+def _swap_optimizer(tr: Translation, key: str) -> None:
+    """swap_optimizer -> megatron-core's host-resident optimizer (HybridDeviceOptimizer) at fraction 1.0
+    in every mode; it replaces offload_train_optimizer, whose state is then on the host already."""
+    act = tr.out.setdefault("actor_config", {})
+    tr.set(key, "actor_config.optimizer_cpu_offload", True)
+    tr.set(key, "actor_config.optimizer_offload_fraction", 1.0)
+    tr.notes.append(f"{key}: {_SWAP}; asp-npu keeps all of it in host memory and steps it there "
+                    "(actor_config.optimizer_cpu_offload, megatron-core's HybridDeviceOptimizer)")
+    if act.pop("offload_train_optimizer", False):
+        tr.notes.append("generate_config.offload_train_optimizer: dropped, the optimizer state lives in host "
+                        "memory already (optimizer_cpu_offload)")
+
+
+def _optimizer_defaults(ms: dict[str, Any], tr: Translation) -> None:
+    """Optimizer keys the file leaves out take MindSpeed-RL's defaults, not asp-npu's."""
+    for leaf, value in _MINDSPEED_OPTIM_DEFAULTS.items():
+        if not any(isinstance(ms.get(t), dict) and ms[t].get(leaf) is not None for t in _TRAINING_SECTIONS):
+            tr.out.setdefault("actor_config", {})[leaf] = value
+            tr.notes.append(f"actor_config.{leaf}: not in the file; MindSpeed-RL's default {value!r}")
 
 
 def _passes(trial: Config, nodes: int, per_node: int, card: Card) -> bool:
@@ -849,6 +860,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         num_npus, model_name = _translate_keys(ms, tr, mode)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
+    _optimizer_defaults(ms, tr)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = None
     for name in names:
@@ -938,3 +950,77 @@ def render_yaml(tr: Translation, source: Path) -> str:
         head.append(f"# could not map {len(tr.unmapped)} key(s):")
         head += [f"#   {k}: {why}" for k, why in tr.unmapped]
     return "\n".join(head) + "\n" + OmegaConf.to_yaml(OmegaConf.create(tr.out))
+
+
+# ------------------------------------------------------------------ verl's actor optimizer keys
+_VERL_STYLES = {"constant": "constant", "cosine": "cosine", "linear": "linear"}
+
+
+def _verl_style(key: str, value: Any) -> str:
+    style = _VERL_STYLES.get(str(value))
+    if style is None:
+        raise UserError(f"{key}: '{value}' is not one of {', '.join(_VERL_STYLES)}")
+    return style
+
+
+def _verl_optim_key(tr: Translation, key: str, leaf: str, value: Any, lr: float) -> bool:
+    """One key of verl's `actor.optim` (FSDP or Megatron actor); False = not one asp-npu maps."""
+    if leaf == "lr":
+        tr.set(key, "actor_config.lr", lr)
+    elif leaf in ("warmup_style", "lr_scheduler_type", "lr_decay_style"):
+        tr.set(key, "actor_config.lr_decay_style", _verl_style(key, value))
+    elif leaf == "lr_warmup_steps_ratio":
+        tr.set(key, "actor_config.lr_warmup_fraction", _as_float(key, value))
+    elif leaf == "lr_warmup_steps":  # -1 (verl's default) = use the ratio
+        if _as_int(key, value) > 0:
+            tr.set(key, "actor_config.lr_warmup_iters", _as_int(key, value))
+        else:
+            tr.mapped.append(key)
+    elif leaf == "min_lr_ratio":
+        tr.set(key, "actor_config.min_lr", _as_float(key, value) * lr)
+    elif leaf in ("min_lr", "lr_warmup_init", "weight_decay", "clip_grad", "adam_eps"):
+        tr.set(key, f"actor_config.{leaf}", _as_float(key, value))
+    elif leaf == "lr_decay_steps":
+        if value is not None and _as_int(key, value) > 0:
+            tr.set(key, "actor_config.lr_decay_iters", _as_int(key, value))
+        else:
+            tr.mapped.append(key)
+    elif leaf == "weight_decay_incr_style":
+        tr.set(key, "actor_config.weight_decay_incr_style", str(value))
+    elif leaf == "betas":
+        b1, b2 = (_as_float(key, b) for b in value)
+        tr.set(key, "actor_config.adam_beta1", b1)
+        tr.set(key, "actor_config.adam_beta2", b2)
+    elif leaf in ("total_training_steps", "num_cycles"):
+        tr.mapped.append(key)  # filled in by verl's trainer from trainer.total_epochs / a 0.5 cosine
+    else:
+        return False
+    return True
+
+
+def translate_verl_actor(actor: dict[str, Any], prefix: str = "actor_rollout_ref.actor") -> Translation:
+    """verl's `actor_rollout_ref.actor` optimizer and epoch keys -> asp-npu overrides + ledger.
+
+    verl steps its scheduler once per training step (iteration) and asp-npu once per optimizer step
+    over iteration-sized lengths, so warm-up and decay end at the same iterations; `lr_warmup_steps_ratio`
+    is a fraction of the whole run in both (asp-npu's decay defaults to trainer.train_iters)."""
+    tr = Translation()
+    optim = actor.get("optim") or {}
+    if not isinstance(optim, dict):
+        raise UserError(f"{prefix}.optim: expected a mapping, got {type(optim).__name__}")
+    lr = _as_float(f"{prefix}.optim.lr", optim.get("lr", 1e-6))
+    for leaf, value in optim.items():
+        key = f"{prefix}.optim.{leaf}"
+        if value is None:
+            tr.skip(key, "empty (null) in the file: left at asp-npu's default")
+        elif not _verl_optim_key(tr, key, leaf, value, lr):
+            tr.skip(key, "no asp-npu equivalent")
+    if "ppo_epochs" in actor:
+        tr.set(f"{prefix}.ppo_epochs", "actor_config.ppo_epochs", _as_int(f"{prefix}.ppo_epochs",
+                                                                          actor["ppo_epochs"]))
+    if "shuffle" in actor:
+        tr.skip(f"{prefix}.shuffle", _SHUFFLE)
+    if "grad_clip" in actor:
+        tr.set(f"{prefix}.grad_clip", "actor_config.clip_grad", _as_float(f"{prefix}.grad_clip",
+                                                                          actor["grad_clip"]))
+    return tr

@@ -7,7 +7,8 @@ Layout of `<dir>/`:
   optimizer's state in megatron's `fully_reshardable` form);
 - `iter_<step>/rng_rank<r>.pt` — each rank's RNG states (torch, numpy, python, megatron's tracker),
   restored when the layout is unchanged (dropout is off, so a resharded resume does not depend on them);
-- `iter_<step>/trainer.json` — step, policy version, layout and optimizer kind: written (temp + fsync +
+- `iter_<step>/trainer.json` — step, policy version, layout, optimizer kind and the lr schedule's
+  position (megatron's `OptimizerParamScheduler.state_dict`): written (temp + fsync +
   rename) by rank 0 once every rank has written and fsync'd its shards, so it marks a complete iteration;
 - `iter_<step>/pipeline.pkl` — the pipeline's state (queue, ledger, data position, predictor), written
   by the driver (`asp_npu.pipeline.resume`);
@@ -154,7 +155,8 @@ def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> 
                 "schema": SCHEMA, "iteration": it.name, "step": worker.step,
                 "policy_version": worker.version, "layout": layout_meta(lay),
                 "model_path": str(worker.model_path),
-                "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer)})
+                "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer),
+                "lr_scheduler": worker.scheduler.state_dict()})
         if commit:
             commit_checkpoint(root, it)
     dist.barrier()
@@ -221,12 +223,17 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
                           f"{str(meta['use_distributed_optimizer']).lower()}; the trainer runs "
                           f"{str(dist_opt).lower()} (its optimizer state layouts differ)")
     it = Path(meta["path"])
-    state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
+    # megatron's HybridDeviceOptimizer (optimizer_cpu_offload) keeps its sub-optimizer classes in its
+    # param groups, so they are in the saved common state: let torch's safe loader accept those two
+    with torch.serialization.safe_globals([torch.optim.AdamW, torch.optim.SGD]):
+        state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
     worker.module.load_state_dict(state["model"], strict=True)
     worker.optimizer.load_state_dict(state["optimizer"])
     _unshare_steps(worker.optimizer)
     if {"cp": 1, **meta["layout"]} == layout_meta(worker.layout):  # checkpoints before CP lack "cp"
         _set_rng_state(torch.load(it / f"rng_rank{dist.get_rank()}.pt", weights_only=False))
+    if "lr_scheduler" in meta:  # the schedule's position; its values are the config's
+        worker.scheduler.load_state_dict(meta["lr_scheduler"])
     worker.step = int(meta["step"])
     worker.version = int(meta["policy_version"])
     dist.barrier()

@@ -7,8 +7,10 @@ sorts parameters by `tensor.type() == 'torch.cuda.FloatTensor'`. This module map
 to CPU equivalents (wrapping the torch factory functions rather than a TorchFunctionMode, because a
 mode is thread-local and Ray may run actor methods on another thread). The trainer calls
 `prepare(kind)` right after `asp_npu.device.prepare_megatron(kind)`: it installs the shim on CPU only,
-so NPU/CUDA runs never patch anything. This module is the one place (besides device.py) allowed to
-know the device kind; the device layer never imports it (the arrow points from the trainer down).
+so NPU/CUDA runs never patch anything. It also lets megatron's HybridDeviceOptimizer
+(`actor_config.optimizer_cpu_offload`) run on CPU (`_emulated_device`). This module is the one
+place (besides device.py) allowed to know the device kind; the device layer never imports it (the
+arrow points from the trainer down).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -124,6 +127,95 @@ class _DropForkWarning(logging.Filter):
         return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
 
 
+# ------------------------------------------------------------------ optimizer state on the host
+# megatron's HybridDeviceOptimizer (optimizer_cpu_offload) splits parameters into device ones (kept and
+# stepped where they are) and host copies (`.cpu().pin_memory()` clones stepped by a CPU AdamW) by
+# `param.is_cuda`; on a CPU-only torch nothing is a device tensor, so nothing would be offloaded and its
+# grad copy would fail. While it sorts parameters (and moves loaded state) this shim lets a CPU tensor
+# count as a device tensor unless `.cpu()` made it a host copy (the mark follows detach/clone/float),
+# makes `pin_memory()` a no-op and `.to("cuda")` the CPU: its host copies are then real copies, its
+# CPU AdamW steps them and its hook copies the result back, exactly the path it takes on an accelerator.
+_HOST_COPY = "_asp_host_copy"
+_EMULATED = ("is_cuda", "cpu", "pin_memory", "detach", "clone", "float", "to")
+
+
+def _marked(src: torch.Tensor, out: Any) -> Any:
+    if getattr(src, _HOST_COPY, False) and isinstance(out, torch.Tensor):
+        setattr(out, _HOST_COPY, True)
+    return out
+
+
+@contextlib.contextmanager
+def _emulated_device() -> Iterator[None]:
+    """CPU tensors are device tensors for the duration, except the host copies `.cpu()` returns."""
+    T = torch.Tensor
+    saved = {n: T.__dict__.get(n) for n in _EMULATED}
+    orig = {n: getattr(T, n) for n in _EMULATED if n != "is_cuda"}
+    real_is_cuda = torch._C.TensorBase.is_cuda.__get__
+
+    def host_copy(t: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        out = orig["cpu"](t, *a, **k)
+        setattr(out, _HOST_COPY, True)
+        return out
+
+    def to(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        a = tuple("cpu" if _is_cuda(x) else x for x in a)
+        return orig["to"](t, *a, **{**k, **({"device": "cpu"} if _is_cuda(k.get("device")) else {})})
+
+    T.is_cuda = property(lambda t: real_is_cuda(t) or (t.device.type == "cpu"
+                                                      and not getattr(t, _HOST_COPY, False)))
+    T.cpu = host_copy
+    T.pin_memory = lambda t, *a, **k: t
+    T.to = to
+    for name in ("detach", "clone", "float"):
+        setattr(T, name, lambda t, *a, _f=orig[name], **k: _marked(t, _f(t, *a, **k)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(T, name)
+            else:
+                setattr(T, name, value)
+
+
+def _install_hybrid_optimizer_shim() -> None:
+    """Run HybridDeviceOptimizer's device sorting under `_emulated_device`; let it take the distributed
+    optimizer's fp32 shards (views of the weights, so not leaves: torch refuses to optimize those
+    unless they retain their grad, which they never receive from autograd)."""
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer as HDO
+
+    def emulated(method: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _emulated_device():
+                return method(self, *args, **kwargs)
+
+        return run
+
+    init = HDO.__init__
+
+    def hdo_init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        groups = params if isinstance(params, list) else list(params)
+        for group in groups:
+            for p in group["params"] if isinstance(group, dict) else [group]:
+                if isinstance(p, torch.Tensor) and not p.is_leaf and p.requires_grad:
+                    p.retain_grad()
+        init(self, groups, *args, **kwargs)
+
+    def update_fp32_params(self: Any) -> None:
+        """megatron re-syncs loaded state into the fp32 copies of low-precision weights and looks one up
+        for every parameter; fp32 weights (the CPU trainer's) have none and are their own master."""
+        if self.param_update_in_fp32:
+            for param, state in self.state.items():
+                if param in self.param_to_fp32_param:
+                    self.param_to_fp32_param[param].data.copy_(state["master_param"])
+
+    HDO.__init__ = hdo_init
+    HDO._update_fp32_params_by_new_state = update_fp32_params
+    HDO._get_sub_optimizer_param_groups = emulated(HDO._get_sub_optimizer_param_groups)
+    HDO._move_new_state_to_right_device = emulated(HDO._move_new_state_to_right_device)
+
+
 def prepare(kind: str) -> None:
     """The trainer's side of `asp_npu.device.prepare_megatron`: on CPU, install the shim; else nothing."""
     if kind == "cpu":
@@ -178,4 +270,5 @@ def install() -> None:
     for name in _FACTORIES:
         setattr(torch, name, _cpu_factory(getattr(torch, name)))
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    _install_hybrid_optimizer_shim()
     _INSTALLED = True

@@ -175,6 +175,7 @@ class TrainerWorker:
         init_parallel(device.spec(self.kind).dist_backend, rank, self.layout, master_addr, master_port,
                       act.seed)
         self.loss_cfg = loss_config(cfg)
+        self.last_lr = 0.0  # the lr of the latest optimizer step
         self.step = 0
         self.version = 0
         moe = self._moe_settings()
@@ -185,11 +186,12 @@ class TrainerWorker:
     # ------------------------------------------------------------------ construction
     def _build(self, overrides: dict[str, Any]) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import get_megatron_optimizer
 
         from asp_npu import device
+        from asp_npu.trainer import optim
         from asp_npu.trainer.convert import load_hf_into_model, read_hf_state
-        from asp_npu.trainer.model import DTYPES, build_model
+        from asp_npu.trainer.model import build_model
         from asp_npu.trainer.offload import Offloader
 
         act = self.cfg.actor_config
@@ -215,12 +217,8 @@ class TrainerWorker:
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=act.use_distributed_optimizer)
         self.model = DistributedDataParallel(self.module.config, ddp_config, self.module)
-        opt_config = OptimizerConfig(
-            optimizer="adam", lr=act.lr, min_lr=0.0, weight_decay=act.weight_decay,
-            adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, clip_grad=act.clip_grad,
-            bf16=dtype == "bfloat16", fp16=dtype == "float16", params_dtype=DTYPES[dtype],
-            use_distributed_optimizer=act.use_distributed_optimizer)
-        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        self.optimizer = get_megatron_optimizer(optim.optimizer_config(act, dtype), [self.model])
+        self.scheduler = optim.build_scheduler(self.optimizer, self.cfg)
         if dtype == "float16":
             self.module.config.grad_scale_func = self.optimizer.scale_loss
         self.offload = {"optimizer": Offloader("optimizer") if act.offload_train_optimizer else None,
@@ -270,10 +268,18 @@ class TrainerWorker:
             self.offload_train_state()
 
     def allocated_bytes(self) -> dict[str, int]:
-        """Device bytes of this rank's weights, grads and optimizer state (`trainer.memory`)."""
+        """Device bytes of this rank's weights, grads and optimizer state (`trainer.memory`; optimizer
+        state kept on the host by `optimizer_cpu_offload` is not device memory: `optimizer_bytes`)."""
         from asp_npu.trainer.memory import allocated_bytes
 
-        return allocated_bytes(self.model, self.optimizer)
+        return {**allocated_bytes(self.model, self.optimizer), "optimizer": self.optimizer_bytes()["device"]}
+
+    def optimizer_bytes(self) -> dict[str, int]:
+        """This rank's measured optimizer bytes: `device` (resident on the accelerator) and `host`
+        (kept and stepped in host memory by `optimizer_cpu_offload`), `asp_npu.trainer.optim`."""
+        from asp_npu.trainer.optim import optimizer_bytes
+
+        return optimizer_bytes(self.model, self.optimizer)
 
     def _moe_settings(self) -> dict[str, Any]:
         """MoE training settings from model.arch (aux-loss coefficient: the HF config's by default)."""
@@ -426,13 +432,20 @@ class TrainerWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _optimizer_step(self) -> float:
-        """Reduce gradients (DP, tied embeddings, sequence-parallel norms), clip, step; returns the
-        global gradient norm before clipping."""
+    def _optimizer_step(self, schedule: bool = True) -> float:
+        """Reduce gradients (DP, tied embeddings, sequence-parallel norms), clip, step, advance the lr
+        schedule (`schedule`); returns the global gradient norm before clipping."""
         from megatron.core.distributed import finalize_model_grads
 
+        from asp_npu.trainer.optim import current_lr
+
         finalize_model_grads([self.model])
-        _, norm, _ = self.optimizer.step()
+        if schedule:  # the schedule's lr, also after a supervised warm-start set its own
+            self.scheduler.step(increment=0)
+        self.last_lr = current_lr(self.optimizer)
+        ok, norm, _ = self.optimizer.step()
+        if ok and schedule:  # MindSpeed-RL: the schedule advances after every successful update
+            self.scheduler.step(increment=1)
         if norm is None:  # clip_grad = 0: megatron skips the norm
             norm = self.optimizer.get_grad_norm()
         return float(norm)
@@ -512,6 +525,7 @@ class TrainerWorker:
             "iw/truncated_frac": sums["iw_truncated"] / tokens,
             "response_tokens": sums["tokens"] / epochs, "tokens_per_s": processed / elapsed,
             "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
+            "lr": self.last_lr,
         })
         if self.dims.num_experts:
             metrics["moe_aux_loss"] = self._moe_aux_loss() / (epochs * max(len(micro), 1))  # per micro-batch
@@ -538,7 +552,7 @@ class TrainerWorker:
         for st in self._run_schedule(self.model, micro, loss_fn, forward_only=False):
             sums["loss"] += float(st["loss"])
             sums["tokens"] += float(st["tokens"])
-        grad_norm = self._optimizer_step()
+        grad_norm = self._optimizer_step(schedule=lr is None)
         sums, _ = self._reduce_stats(sums, {})
         self.step += 1
         self.version += 1

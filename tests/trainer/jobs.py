@@ -142,6 +142,7 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
         losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
         out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
                      "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
+                     "optimizer_bytes": w.optimizer_bytes(),
                      "core_attn_calls": calls[0], "logprobs": w.compute_logprobs(make_batch(seed=99))}
     return out
 
@@ -215,3 +216,68 @@ def stage_parity(rank: int, world: int, port: int, model_dir: str, stages: list[
     w.optimizer.step = capturing_step
     losses = [w.train_step(make_batch(seed=i))["loss"] for i in range(steps)]
     return {"losses": losses, "grads": grads, "layers": list(megatron_layers(w.module))}
+
+
+def schedule_and_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str) -> dict[str, Any]:
+    """Eight GRPO steps under a warm-up + cosine schedule (2 + 6 iterations, one optimizer step each):
+    the lr of every step next to megatron's OptimizerParamScheduler driven by the same literal values;
+    a checkpoint after step 4 resumed by a fresh trainer (next two lrs and losses); and the schedule's
+    position after 3 steps of ppo_epochs=2."""
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from asp_npu.trainer.worker import TrainerWorker
+
+    def worker(epochs: int = 1) -> Any:
+        cfg = trainer_config(Path(model_dir), ppo_epochs=epochs, n_samples_per_prompt=4, mini_batch_size=12)
+        a = cfg.actor_config
+        a.lr, a.min_lr, a.lr_decay_style, a.lr_warmup_iters, a.adam_beta2 = 1e-3, 1e-4, "cosine", 2, 0.95
+        cfg.trainer.train_iters = 8
+        return TrainerWorker(cfg, rank, world, master_port=port)
+
+    w = worker()
+    lrs, losses = [], []
+    for i in range(8):
+        m = w.train_step(make_batch(seed=i))
+        lrs.append(m["lr"])
+        losses.append(m["loss"])
+        if i == 3:
+            w.save(ckpt)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    ref = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=2,
+                                  lr_decay_steps=8, lr_decay_style="cosine", start_wd=0.0, end_wd=0.0,
+                                  wd_incr_steps=8, wd_incr_style="constant")
+    reference = []
+    for _ in range(8):
+        reference.append(opt.param_groups[0]["lr"])
+        ref.step(increment=1)
+    r = worker()
+    r.load(ckpt)
+    resumed = [r.train_step(make_batch(seed=i)) for i in (4, 5)]
+    e = worker(epochs=2)
+    for i in range(3):
+        e.train_step(make_batch(seed=i))
+    return {"lrs": lrs, "losses": losses, "reference": reference, "resumed_lrs": [m["lr"] for m in resumed],
+            "resumed_losses": [m["loss"] for m in resumed], "epoch_steps": e.scheduler.num_steps}
+
+
+def offload_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str,
+                   fraction: float) -> dict[str, Any]:
+    """Host-resident optimizer (megatron's HybridDeviceOptimizer) through a checkpoint: two steps, save,
+    two more; a fresh trainer loads and takes the same two."""
+    from asp_npu.trainer.worker import TrainerWorker
+
+    def worker() -> Any:
+        cfg = trainer_config(Path(model_dir), use_distributed_optimizer=True, optimizer_cpu_offload=True,
+                             optimizer_offload_fraction=fraction)
+        return TrainerWorker(cfg, rank, world, master_port=port)
+
+    w = worker()
+    for i in (0, 1):
+        w.train_step(make_batch(seed=i))
+    w.save(ckpt)
+    uninterrupted = [w.train_step(make_batch(seed=i))["loss"] for i in (2, 3)]
+    r = worker()
+    r.load(ckpt)
+    resumed = [r.train_step(make_batch(seed=i))["loss"] for i in (2, 3)]
+    return {"uninterrupted": uninterrupted, "resumed": resumed}
