@@ -632,8 +632,9 @@ class TrainerWorker:
         }
         if self.loss_cfg.use_kl_in_reward:
             out["kl_reward_penalty"] = penalty
-        if self.ref_model is not None:
-            self.kl_ctrl.update(sums["kl_seq_first"] / n_seqs, n_seqs)
+        if self.ref_model is not None:  # the controller's input, logged so a run can be checked against it
+            out["kl_seq_mean"] = sums["kl_seq_first"] / n_seqs
+            self.kl_ctrl.update(out["kl_seq_mean"], n_seqs)
         return out
 
     def _sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
