@@ -7,9 +7,10 @@ driver never needs to know the layout. Micro-batches go through megatron's pipel
 reduces them over data parallelism (all-reduce, or reduce-scatter for the distributed optimizer),
 syncs tied embeddings across stages and sequence-parallel norms across TP, and megatron's optimizer
 (`get_megatron_optimizer`: Adam, fp32 master weights for bf16/fp16, global-norm clipping, state
-sharded over DP with `use_distributed_optimizer`) steps. The loss is normalised by the number of
-response tokens of the whole minibatch and DP gradients are summed, so any TP/PP/DP layout and
-micro-batch size gives the same loss and gradient as TP=1 (up to float rounding).
+sharded over DP with `use_distributed_optimizer`) steps. The loss is aggregated with the whole
+minibatch's token and sequence counts (`agg_norm`, `loss_agg_mode`; docs/loss.md) and DP gradients are
+summed, so any TP/PP/DP layout and micro-batch size gives the same loss and gradient as TP=1 (up to
+float rounding).
 """
 
 from __future__ import annotations
