@@ -89,3 +89,19 @@ def padded_junk(rank: int, world: int, port: int, model_dir: str) -> dict[str, A
         out[name] = {"metrics": metrics, "weights": weights, "junked_positions": junked[0],
                      "finite": bool(all(np.isfinite(v).all() for v in weights.values()))}
     return out
+
+
+def kl_resume(rank: int, world: int, port: int, model_dir: str, ckpt: str) -> dict[str, Any]:
+    """Two adaptive-KL steps, save; a fresh trainer loads the checkpoint: its coefficient and next
+    step's metrics against the uninterrupted trainer's."""
+    w = _worker(model_dir, rank, world, port, {})
+    for i in range(2):
+        w.train_step(make_batch(seed=i))
+    w.save(ckpt)
+    saved = w.kl_ctrl.value
+    uninterrupted = w.train_step(make_batch(seed=2))
+    r = _worker(model_dir, rank, world, port, {})
+    fresh = r.kl_ctrl.value
+    r.load(ckpt)
+    return {"saved": saved, "fresh": fresh, "loaded": r.kl_ctrl.value, "uninterrupted": uninterrupted,
+            "resumed": r.train_step(make_batch(seed=2))}

@@ -78,3 +78,12 @@ def test_padded_junk_trains_to_the_same_weights(tmp_path):
     for k, v in out["clean"]["weights"].items():
         assert np.array_equal(v, out["junk"]["weights"][k]), k
     assert out["junk"]["metrics"]["loss"] == out["clean"]["metrics"]["loss"]
+
+
+def test_the_adaptive_kl_coefficient_resumes_from_the_checkpoint(tmp_path):
+    model = str(make_hf_model(tmp_path / "m", tied=True))
+    out = run_ranks(1, loss_jobs.kl_resume, model, str(tmp_path / "ckpt"), timeout=600)[0]
+    assert out["fresh"] == loss_jobs.LOSS_RL["kl_coef"] != out["saved"]
+    assert out["loaded"] == out["saved"]
+    for key in ("kl_coef", "loss", "kl"):
+        assert out["resumed"][key] == pytest.approx(out["uninterrupted"][key], rel=1e-6, abs=1e-9), key
