@@ -193,9 +193,20 @@ class RLConfig(Section):
     weight_refresh_mode: str = "inflight"  # inflight: load between engine steps | drain
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28  # DAPO clip-higher
-    kl_coef: float = 0.0
-    kl_penalty: str = "low_var_kl"
-    importance_cap: float = 2.0  # truncated importance sampling of behaviour vs proximal policy
+    kl_coef: float = 0.0  # KL coefficient (initial value under kl_ctrl_type adaptive); 0 = no reference model
+    kl_penalty: str = "low_var_kl"  # KL estimator: low_var_kl (k3) | kl (k1) | mse (k2) | abs (verl's names)
+    importance_cap: float = 2.0  # truncated importance sampling of behaviour vs proximal policy (0 = off)
+    # --- the loss (docs/loss.md; verl / MindSpeed-RL names) ---
+    clip_ratio_c: float = 3.0  # dual-clip bound on the loss of A < 0 tokens (verl's default); 0 = off
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean |
+    #                                    seq-mean-token-sum-norm (verl's agg_loss over the whole minibatch)
+    loss_scale_factor: int = 0  # seq-mean-token-sum-norm's divisor (0 = sampling_config.max_tokens)
+    norm_adv_by_std_in_grpo: bool = True  # false: Dr.GRPO advantages r - mean (no std division)
+    entropy_coeff: float = 0.0  # loss -= entropy_coeff x entropy (vocabulary-parallel over TP)
+    use_kl_in_reward: bool = False  # the KL penalty in the reward before advantages instead of in the loss
+    kl_ctrl_type: str = "fixed"  # fixed | adaptive (verl kl_ctrl.type): adapts kl_coef toward kl_target
+    kl_target: float = 0.1  # adaptive: target per-token KL (verl kl_ctrl.target_kl)
+    kl_horizon: float = 10000.0  # adaptive: horizon in samples (verl kl_ctrl.horizon)
     drop_equal_reward_groups: bool = False  # DAPO dynamic sampling
     predictor: str = "history"  # history | prompt-len | oracle
     max_prompt_length: int = 512  # longest prompt in tokens (MindSpeed-RL rl_config.max_prompt_length)
@@ -284,6 +295,22 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------ the loss (rl_config keys)
+def loss_problems(cfg: Config) -> list[str]:
+    """Loss settings that cannot run as given: verl's dual clip needs c > 1; nucleus sampling with the
+    off-policy correction on would mis-weight every token."""
+    rl, top_p = cfg.rl_config, cfg.generate_config.sampling_config.top_p
+    out = []
+    if 0 < rl.clip_ratio_c <= 1:
+        out.append(f"rl_config.clip_ratio_c: must be > 1 (dual clip) or 0 (off) (got {rl.clip_ratio_c})")
+    if top_p < 1 and rl.importance_cap > 0:
+        out.append(f"generate_config.sampling_config.top_p: {top_p} < 1 with rl_config.importance_cap > 0: "
+                   "the rollout's logprobs are of the nucleus-truncated distribution and the trainer's are "
+                   "not, so every token would get an importance weight below 1; set top_p 1 or "
+                   "importance_cap 0")
+    return out
+
+
 # Allowed range of each numeric field: "section.key" -> (low, high, low_exclusive, high_exclusive); None =
 # unbounded. A numeric field not listed here must be finite and >= 0 (`range_problems`), so a key added
 # to a dataclass above is range-checked without an entry; list it only when its range differs.
@@ -319,7 +346,9 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
     "rl_config.clip_ratio_low": (0, 1, False, False),
-    "rl_config.importance_cap": POSITIVE,
+    "rl_config.importance_cap": (0, None, False, False),  # 0 = no off-policy correction
+    "rl_config.kl_target": POSITIVE,
+    "rl_config.kl_horizon": POSITIVE,
     "rl_config.max_prompt_length": AT_LEAST_1,
     "rl_config.plan_cost_a": POSITIVE,
     "trainer.train_iters": AT_LEAST_1,
@@ -334,7 +363,9 @@ DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard")  # asp_npu.observe.metrics.MetricsLogger sinks
 ADV_ESTIMATORS = ("group_norm",)
-KL_PENALTIES = ("low_var_kl", "kl", "mse")  # asp_npu.trainer.losses.KL_PENALTIES
+KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_CTRL_TYPES = ("fixed", "adaptive")  # asp_npu.trainer.losses.KL_CTRL_TYPES
 MODEL_SIZES = ("tiny", "small")  # asp_npu.data.init_model.SIZES
 
 
@@ -376,6 +407,8 @@ def _choice_problems(cfg: Config) -> list[str]:
         problems.append(f"trainer.logger: '{unknown[0]}' is not one of {', '.join(LOGGERS)}")
     for key, value, allowed in (("rl_config.adv_estimator", cfg.rl_config.adv_estimator, ADV_ESTIMATORS),
                                 ("rl_config.kl_penalty", cfg.rl_config.kl_penalty, KL_PENALTIES),
+                                ("rl_config.loss_agg_mode", cfg.rl_config.loss_agg_mode, LOSS_AGG_MODES),
+                                ("rl_config.kl_ctrl_type", cfg.rl_config.kl_ctrl_type, KL_CTRL_TYPES),
                                 ("model.size", cfg.model.size, MODEL_SIZES)):
         if value not in allowed:
             problems.append(f"{key}: '{value}' is not one of {', '.join(allowed)}")
@@ -397,6 +430,7 @@ def validate(cfg: Config) -> list[str]:
     if rl.weight_refresh_mode not in ("inflight", "drain"):
         problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
     problems += partial_rollout_problems(rl)
+    problems += loss_problems(cfg)
     if not cfg.data.data_path and cfg.data.num_prompts < 1:
         problems.append(f"data.num_prompts: the synthetic task needs >= 1 prompt "
                         f"(got {cfg.data.num_prompts})")

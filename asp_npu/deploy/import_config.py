@@ -295,9 +295,7 @@ _RL_REASONS = {
         ("filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"),
         "asp-npu's dynamic sampling (drop_equal_reward_groups) drops groups whose rewards are all equal",
     ),
-    "token_level_loss": "asp-npu's policy loss is always token-level over the minibatch (DAPO)",
     "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
-    "use_kl_in_reward": "the KL term is in the loss (kl_coef), never in the reward",
     "cliprange_value": "value clipping needs a critic; PPO with a critic is not supported",
     "async_engine": "multi-turn rollouts are not supported",
     "rollout_max_tokens": "DAPO's overlong-buffer length; the response cap is sampling_config.max_tokens",
@@ -333,8 +331,6 @@ _IMPLIED_DEFAULTS = {  # MindSpeed-RL key -> value that equals asp-npu's fixed b
     "generate_config.sampling_config.top_k": -1,
     "generate_config.sampling_config.min_p": 0,
     "generate_config.sampling_config.detokenize": False,
-    "rl_config.entropy_coeff": 0,
-    "rl_config.kl_ctrl_type": "fixed",
     "rl_config.blocking": True,
     "rl_config.use_integrated_worker": True,
 }
@@ -546,9 +542,37 @@ def _training_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, 
     return True
 
 
+def _loss_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> bool:
+    """The loss's rl_config keys (docs/loss.md); False = not one of them."""
+    rl = ms.get("rl_config", {}) or {}
+    if key == "rl_config.entropy_coeff":
+        tr.set(key, key, _as_float(key, value))
+    elif key in ("rl_config.kl_horizon", "rl_config.kl_target"):
+        tr.set(key, key, _as_float(key, value))
+    elif key == "rl_config.use_kl_in_reward":
+        tr.set(key, key, bool(value))
+    elif key == "rl_config.token_level_loss":  # MindSpeed-RL DAPO: token-mean, else seq-mean-token-mean
+        tr.set(key, "rl_config.loss_agg_mode", "token-mean" if value else "seq-mean-token-mean")
+    elif key == "rl_config.kl_ctrl_type":
+        if value not in ("fixed", "adaptive"):
+            tr.skip(key, f"only fixed or adaptive are supported (got {value!r})")
+        elif value == "adaptive" and not rl.get("use_kl_in_reward"):
+            tr.set(key, key, "fixed")
+            tr.notes.append("rl_config.kl_ctrl_type adaptive -> fixed: MindSpeed-RL moves the coefficient "
+                            "only where it applies the KL in the reward (use_kl_in_reward is false here), "
+                            "so init_kl_coef stays fixed")
+        else:
+            tr.set(key, key, value)
+    else:
+        return False
+    return True
+
+
 def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
     """rl_config keys; False = not one asp-npu maps."""
     leaf = key.split(".")[-1]
+    if _loss_key(ms, tr, key, value):
+        return True
     if key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
         tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
     elif key == "rl_config.use_dynamic_bsz":
@@ -885,6 +909,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
             f"model '{names[0]}': architecture unknown; asp-npu check will read model.path/config.json"
         )
     tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
+    _loss_defaults(ms, tr, source)
     gen_in = ms.get("generate_config", {})
     if (
         mode not in COLOCATED_MODES
@@ -924,6 +949,20 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     else:
         tr.notes.append("rl_config.actor_resource.num_npus missing: layout left at asp-npu defaults")
     return tr
+
+
+def _loss_defaults(ms: dict[str, Any], tr: Translation, source: Path) -> None:
+    """What MindSpeed-RL's loss lacks: no dual clip (clip_ratio_c 0); its old log-probs are the
+    trainer's own, so with nucleus sampling it has no behaviour-policy weight (importance_cap 0)."""
+    tr.out.setdefault("rl_config", {})["clip_ratio_c"] = 0.0
+    tr.notes.append("rl_config.clip_ratio_c 0: MindSpeed-RL's GRPO loss has no dual clip")
+    sampling = (ms.get("generate_config", {}) or {}).get("sampling_config", {}) or {}
+    if "top_p" in sampling and _as_float(f"{source}: generate_config.sampling_config.top_p",
+                                         sampling["top_p"]) < 1:
+        tr.out["rl_config"]["importance_cap"] = 0.0
+        tr.notes.append(f"rl_config.importance_cap 0: top_p {sampling['top_p']} < 1 makes the rollout's "
+                        "logprobs those of the truncated distribution; MindSpeed-RL recomputes them with the "
+                        "trainer and has no behaviour-policy correction")
 
 
 def _as_config(out: dict[str, Any]) -> Config:

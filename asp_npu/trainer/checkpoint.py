@@ -155,6 +155,7 @@ def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> 
                 "schema": SCHEMA, "iteration": it.name, "step": worker.step,
                 "policy_version": worker.version, "layout": layout_meta(lay),
                 "model_path": str(worker.model_path),
+                "kl_coef": float(worker.kl_ctrl.value),  # the adaptive KL controller's position
                 "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer),
                 "lr_scheduler": worker.scheduler.state_dict()})
         if commit:
@@ -236,5 +237,7 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
         worker.scheduler.load_state_dict(meta["lr_scheduler"])
     worker.step = int(meta["step"])
     worker.version = int(meta["policy_version"])
+    if "kl_coef" in meta:  # checkpoints before the KL controller lack it: kl_coef from the config
+        worker.kl_ctrl.value = float(meta["kl_coef"])
     dist.barrier()
     return meta

@@ -7,9 +7,10 @@ driver never needs to know the layout. Micro-batches go through megatron's pipel
 reduces them over data parallelism (all-reduce, or reduce-scatter for the distributed optimizer),
 syncs tied embeddings across stages and sequence-parallel norms across TP, and megatron's optimizer
 (`get_megatron_optimizer`: Adam, fp32 master weights for bf16/fp16, global-norm clipping, state
-sharded over DP with `use_distributed_optimizer`) steps. The loss is normalised by the number of
-response tokens of the whole minibatch and DP gradients are summed, so any TP/PP/DP layout and
-micro-batch size gives the same loss and gradient as TP=1 (up to float rounding).
+sharded over DP with `use_distributed_optimizer`) steps. The loss is aggregated with the whole
+minibatch's token and sequence counts (`agg_norm`, `loss_agg_mode`; docs/loss.md) and DP gradients are
+summed, so any TP/PP/DP layout and micro-batch size gives the same loss and gradient as TP=1 (up to
+float rounding).
 """
 
 from __future__ import annotations
@@ -29,7 +30,17 @@ from asp_npu.arch import ModelDims
 from asp_npu.config import Config
 from asp_npu.core.layout import actor_layout
 from asp_npu.trainer.features import check_features, megatron_features
-from asp_npu.trainer.losses import STAT_KEYS, LossConfig, equal_reward_groups, group_advantages, policy_loss
+from asp_npu.trainer.losses import (
+    STAT_KEYS,
+    AggNorm,
+    KLController,
+    LossConfig,
+    equal_reward_groups,
+    group_advantages,
+    policy_loss,
+    sequence_kl,
+    vocab_parallel_entropy,
+)
 from asp_npu.types import TrainBatch, Trajectory
 
 
@@ -47,19 +58,49 @@ class Sample:
     def length(self) -> int:
         return len(self.tokens) - 1
 
+    @property
+    def response_len(self) -> int:
+        """Positions that carry loss (mask 1): the response tokens."""
+        return self.length - self.prompt_len + 1
+
 
 def loss_config(cfg: Config) -> LossConfig:
     rl = cfg.rl_config
     return LossConfig(clip_ratio_low=rl.clip_ratio_low, clip_ratio_high=rl.clip_ratio_high,
-                      kl_coef=rl.kl_coef, kl_penalty=rl.kl_penalty, importance_cap=rl.importance_cap,
+                      clip_ratio_c=rl.clip_ratio_c, kl_coef=rl.kl_coef, kl_penalty=rl.kl_penalty,
+                      use_kl_in_reward=rl.use_kl_in_reward, entropy_coeff=rl.entropy_coeff,
+                      loss_agg_mode=rl.loss_agg_mode, importance_cap=rl.importance_cap,
                       temperature=cfg.generate_config.sampling_config.temperature)
+
+
+def kl_controller(cfg: Config) -> KLController:
+    rl = cfg.rl_config
+    return KLController(rl.kl_coef, rl.kl_ctrl_type, rl.kl_target, rl.kl_horizon)
+
+
+def agg_norm(samples: list[Sample], cfg: Config) -> AggNorm:
+    """The whole minibatch's response tokens and sequences (each rank sees all samples, so every rank
+    and micro-batch divides by the same totals); `loss_scale_factor` 0 = the response cap max_tokens."""
+    scale = cfg.rl_config.loss_scale_factor or cfg.generate_config.sampling_config.max_tokens
+    return AggNorm(tokens=float(sum(s.response_len for s in samples)), seqs=float(len(samples)),
+                   scale=float(scale))
 
 
 def group_key(t: Trajectory) -> tuple[str, int]:
     return (t.prompt_id, t.epoch)
 
 
-def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool) -> tuple[list[Sample], int]:
+def batch_advantages(batch: TrainBatch, norm_by_std: bool = True,
+                     penalties: dict[int, float] | None = None) -> np.ndarray:
+    """GRPO advantages of every trajectory; `penalties` (by batch index) are subtracted from the rewards
+    first (KL in the reward, verl's `use_kl_in_reward`)."""
+    trajs = batch.trajectories
+    rewards = [t.reward - (penalties or {}).get(i, 0.0) for i, t in enumerate(trajs)]
+    return group_advantages(rewards, [group_key(t) for t in trajs], norm_by_std=norm_by_std)
+
+
+def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
+                     norm_by_std: bool = True) -> tuple[list[Sample], int]:
     """Advantages per GRPO group (optionally dropping zero-signal groups); returns samples, dropped groups."""
     trajs = batch.trajectories
     keys = [group_key(t) for t in trajs]
@@ -72,7 +113,7 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool) -> tuple[list[S
         k, n = next(iter(bad.items()))
         raise ValueError(f"TrainBatch holds an incomplete group: prompt {k[0]} has {n} samples, "
                          f"group_size is {batch.group_size}")
-    adv = group_advantages(rewards, keys)
+    adv = batch_advantages(batch, norm_by_std)
     drop = equal_reward_groups(rewards, keys) if drop_equal_groups else set()
     samples = []
     for i, (t, k) in enumerate(zip(trajs, keys, strict=True)):
@@ -142,7 +183,8 @@ def make_micro_batches(samples: list[Sample], micro_batch_size: int, max_token_l
         out.append({"input_ids": ids, "labels": labels, "mask": mask, "adv": adv, "behav": behav,
                     "position_ids": torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous(),
                     "index": torch.tensor([s.index for s in chunk]),
-                    "lengths": torch.tensor([s.length for s in chunk])})
+                    "lengths": torch.tensor([s.length for s in chunk]),
+                    "resp_len": torch.tensor([s.response_len for s in chunk])})
     return out
 
 
@@ -176,6 +218,7 @@ class TrainerWorker:
                       act.seed)
         self.loss_cfg = loss_config(cfg)
         self.last_lr = 0.0  # the lr of the latest optimizer step
+        self.kl_ctrl = kl_controller(cfg)
         self.step = 0
         self.version = 0
         moe = self._moe_settings()
@@ -337,9 +380,33 @@ class TrainerWorker:
             scaled = scaled.masked_fill(col >= pad_from, float("-inf"))
         return -vocab_parallel_cross_entropy(scaled, labels)
 
+    def _token_entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Entropy [b, s] of pi at temperature T over the whole vocabulary from vocab-parallel logits
+        [b, s, V/TP]: the softmax sums are all-reduced over the TP group (megatron's
+        reduce_from_tensor_model_parallel_region, identity backward); vocabulary padding excluded.
+        Without gradient when entropy_coeff is 0 (then only the metric needs it)."""
+        import torch.distributed as dist
+        from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+
+        group = self._ps().get_tensor_model_parallel_group()
+
+        def max_over_tp(x: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+            return x
+
+        tp = self.layout.tp > 1
+        grad = contextlib.nullcontext() if self.loss_cfg.entropy_coeff != 0 else torch.no_grad()
+        with grad:
+            scaled = logits.float() / self.loss_cfg.temperature
+            return vocab_parallel_entropy(scaled, self._vocab_mask_start(),
+                                          reduce_from_tensor_model_parallel_region if tp else None,
+                                          max_over_tp if tp else None)
+
     def _run_schedule(self, model: Any, micro: list[dict[str, torch.Tensor]], loss_fn: Any,
-                      forward_only: bool) -> list[dict[str, Any]]:
-        """Megatron's forward(-backward) schedule over `micro`; returns the last stage's per-micro dicts."""
+                      forward_only: bool, with_entropy: bool = False) -> list[dict[str, Any]]:
+        """Megatron's forward(-backward) schedule over `micro`; returns the last stage's per-micro dicts
+        (`with_entropy`: loss_fn also receives the per-token entropy as `entropy=`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         if not micro:
@@ -354,7 +421,8 @@ class TrainerWorker:
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
                 logp = self._token_logprobs(output, mb["labels"])
-                loss, info = loss_fn(k, mb, logp)
+                extra = {"entropy": self._token_entropy(output)} if with_entropy else {}
+                loss, info = loss_fn(k, mb, logp, **extra)
                 return loss, torch.ones((), dtype=torch.int), info
 
             return out, loss_func
@@ -415,9 +483,11 @@ class TrainerWorker:
             padded["position_ids"] = torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous()
             padded["index"] = torch.full((b,), -1, dtype=torch.long)
             padded["lengths"] = torch.zeros(b, dtype=torch.long)
+            padded["resp_len"] = torch.zeros(b, dtype=torch.long)
             if mb is not None:
                 padded["index"][:rows] = mb["index"]
                 padded["lengths"][:rows] = mb["lengths"]
+                padded["resp_len"][:rows] = mb["resp_len"]
             out.append(padded)
         return out
 
@@ -474,7 +544,8 @@ class TrainerWorker:
     def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
         t0 = time.perf_counter()
-        samples, dropped = batch_to_samples(batch, self.cfg.rl_config.drop_equal_reward_groups)
+        rl = self.cfg.rl_config
+        samples, dropped = batch_to_samples(batch, rl.drop_equal_reward_groups, rl.norm_adv_by_std_in_grpo)
         lags = [self.version - v for v in batch.versions]
         metrics: dict[str, float] = {
             "step": float(self.step), "dropped_groups": float(dropped), "samples": float(len(samples)),
@@ -484,52 +555,102 @@ class TrainerWorker:
         if not samples:  # every group had equal rewards: nothing to learn, keep the version
             metrics.update({"skipped": 1.0, "policy_version": float(self.version)})
             return metrics
-        norm = float(sum(s.length - s.prompt_len + 1 for s in samples))
-        micro = self._my_micro_batches(samples)
-        ref = self._forward_logprobs(self.ref_model, micro) if self.ref_model is not None else []
-        prox: dict[int, torch.Tensor] = {}
+        self.model.train()
+        beta = self.kl_ctrl.value  # this step's coefficient; the controller moves it after the step
+        micro, ref, prox, penalty = self._update_inputs(batch, samples, beta)
+        norm = agg_norm(samples, self.cfg)
         epochs = max(1, self.cfg.actor_config.ppo_epochs)
-        sums = dict.fromkeys(STAT_KEYS, 0.0)
+        sums = dict.fromkeys((*STAT_KEYS, "kl_seq_first"), 0.0)
         ext = {"iw_max": -np.inf, "iw_min": np.inf}
         grad_norms = []
-        self.model.train()
         for epoch in range(epochs):
             self._zero_grad()
 
             def loss_fn(k: int, mb: dict[str, torch.Tensor], logp: torch.Tensor,
-                        first: bool = epoch == 0) -> tuple[torch.Tensor, dict[str, Any]]:
-                if first:
+                        entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                if k not in prox:
                     prox[k] = logp.detach()  # proximal policy = weights before this update
-                loss, st = policy_loss(logp, prox[k], mb["behav"], mb["adv"], mb["mask"], self.loss_cfg,
-                                       norm, ref[k] if ref else None)
-                return loss, st
+                return policy_loss(logp, prox[k], mb["behav"], mb["adv"], mb["mask"], self.loss_cfg, norm,
+                                   ref[k] if ref else None, mb["resp_len"], entropy, beta)
 
-            store = self._run_schedule(self.model, micro, loss_fn, forward_only=False)
+            store = self._run_schedule(self.model, micro, loss_fn, forward_only=False, with_entropy=True)
             for st in store:
                 for key in STAT_KEYS:
                     sums[key] += float(st[key])
+                sums["kl_seq_first"] += float(st["kl_seq"]) if epoch == 0 else 0.0
                 ext["iw_max"] = max(ext["iw_max"], float(st["iw_max"]))
                 ext["iw_min"] = min(ext["iw_min"], float(st["iw_min"]))
             grad_norms.append(self._optimizer_step())
         sums, ext = self._reduce_stats(sums, ext)
-        tokens = max(sums["tokens"], 1.0)
         self.step += 1
         self.version += 1
         elapsed = time.perf_counter() - t0
-        processed = sum(s.length for s in samples) * epochs
-        metrics.update({
-            "loss": sums["loss"] / epochs, "pg_loss": sums["pg_loss"] / epochs,
-            "kl": sums["kl"] / tokens, "clip_frac": sums["clipped"] / tokens,
-            "grad_norm": float(np.mean(grad_norms)), "iw/mean": sums["iw_sum"] / tokens,
-            "iw/max": ext["iw_max"], "iw/min": ext["iw_min"],
-            "iw/truncated_frac": sums["iw_truncated"] / tokens,
-            "response_tokens": sums["tokens"] / epochs, "tokens_per_s": processed / elapsed,
-            "step_time_s": elapsed, "policy_version": float(self.version), "skipped": 0.0,
-            "lr": self.last_lr,
-        })
+        metrics.update(self._loss_metrics(sums, ext, epochs, beta, penalty, len(samples)))
+        metrics.update({"grad_norm": float(np.mean(grad_norms)), "step_time_s": elapsed,
+                        "tokens_per_s": sum(s.length for s in samples) * epochs / elapsed,
+                        "policy_version": float(self.version), "skipped": 0.0, "lr": self.last_lr})
         if self.dims.num_experts:
             metrics["moe_aux_loss"] = self._moe_aux_loss() / (epochs * max(len(micro), 1))  # per micro-batch
         return metrics
+
+    def _update_inputs(self, batch: TrainBatch, samples: list[Sample], beta: float) -> tuple[
+            list[dict[str, torch.Tensor]], list[torch.Tensor], dict[int, torch.Tensor], float]:
+        """Micro-batches, reference logprobs and (KL in the reward) the proximal logprobs of the update.
+
+        With `use_kl_in_reward` each sample's reward loses `beta x` its summed per-token KL between the
+        proximal policy (the weights before this update) and the reference before the GRPO advantages
+        are computed, as verl's `apply_kl_penalty` followed by its GRPO estimator (which sums the
+        token-level rewards of a sequence); returns the mean penalty per sample as the last item."""
+        micro = self._my_micro_batches(samples)
+        ref = self._forward_logprobs(self.ref_model, micro) if self.ref_model is not None else []
+        if self.ref_model is None or not self.loss_cfg.use_kl_in_reward:
+            return micro, ref, {}, 0.0
+        first = self._forward_logprobs(self.model, micro)
+        penalties = {i: beta * v for i, v in self._sequence_kls(micro, first, ref).items()}
+        adv = batch_advantages(batch, self.cfg.rl_config.norm_adv_by_std_in_grpo, penalties)
+        for s in samples:
+            s.advantage = float(adv[s.index])
+        return self._my_micro_batches(samples), ref, dict(enumerate(first)), \
+            sum(penalties.values()) / len(samples)
+
+    def _sequence_kls(self, micro: list[dict[str, torch.Tensor]], logps: list[torch.Tensor],
+                      ref: list[torch.Tensor]) -> dict[int, float]:
+        """Each sample's summed per-token KL (by batch index), the same on every rank: partial sums of
+        every data- and context-parallel rank's last stage, gathered and added up."""
+        import torch.distributed as dist
+
+        found: dict[int, float] = {}
+        for mb, lp, rf in zip(micro, logps, ref, strict=False):  # empty lists off the last stage
+            rows = sequence_kl(lp, rf, mb["mask"], self.loss_cfg.kl_penalty).tolist()
+            for idx, v in zip(mb["index"].tolist(), rows, strict=True):
+                if idx >= 0:
+                    found[idx] = found.get(idx, 0.0) + v
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, found if self._is_loss_rank() else {})
+        total: dict[int, float] = {}
+        for p in parts:
+            for idx, v in p.items():
+                total[idx] = total.get(idx, 0.0) + v
+        return total
+
+    def _loss_metrics(self, sums: dict[str, float], ext: dict[str, float], epochs: int, beta: float,
+                      penalty: float, n_seqs: int) -> dict[str, float]:
+        """Loss metrics of a step (DP-reduced sums) and the KL controller's move: its KL is the mean over
+        sequences of each one's per-token KL at the proximal policy (the first epoch's)."""
+        tokens = max(sums["tokens"], 1.0)
+        out = {
+            "loss": sums["loss"] / epochs, "pg_loss": sums["pg_loss"] / epochs,
+            "kl": sums["kl"] / tokens, "entropy": sums["entropy"] / tokens, "kl_coef": beta,
+            "clip_frac": sums["clipped"] / tokens, "clip_frac_lower": sums["clipped_lower"] / tokens,
+            "iw/mean": sums["iw_sum"] / tokens, "iw/max": ext["iw_max"], "iw/min": ext["iw_min"],
+            "iw/truncated_frac": sums["iw_truncated"] / tokens, "response_tokens": sums["tokens"] / epochs,
+        }
+        if self.loss_cfg.use_kl_in_reward:
+            out["kl_reward_penalty"] = penalty
+        if self.ref_model is not None:  # the controller's input, logged so a run can be checked against it
+            out["kl_seq_mean"] = sums["kl_seq_first"] / n_seqs
+            self.kl_ctrl.update(out["kl_seq_mean"], n_seqs)
+        return out
 
     def _sft_step(self, batch: TrainBatch, lr: float | None = None) -> dict[str, float]:
         """One supervised update: mean negative log-likelihood of the response tokens (token level)."""
