@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 OK, TIMEOUT, ERROR = "ok", "timeout", "error"
+START_S = 120.0  # the longest a new worker may take to start (a spawned interpreter on a busy host)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class PoolStats:
 def _serve(conn: Connection) -> None:
     """Worker loop: (fn, args) in, (status, value) out, until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle
+    conn.send((OK, 0.0))  # up: a call's timeout counts from here, not from the process start
     while True:
         try:
             fn, args = conn.recv()
@@ -68,6 +70,10 @@ class _Worker:
             self.proc.start()
             child.close()
             self.conn = parent
+            if not parent.poll(START_S):
+                self.stop()
+                raise OSError(f"a verifier worker did not start within {START_S:g} s")
+            parent.recv()
         assert self.conn is not None
         return self.conn
 

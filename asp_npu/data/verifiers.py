@@ -12,7 +12,8 @@ MindSpeed-RL (`mindspeed_rl/models/rule_verifier.py`):
   `<think>`, `</think>`, `<answer>`, `</answer>` and one `\\boxed{...}` (on one line), in that order;
   else -0.5.
 - `acc`: -1 without `boxed` in the response or with an empty boxed answer; else 1 when the last boxed
-  answer equals the ground truth, -0.5 when not.
+  answer (cleaned of `%`, `$`, degrees and a trailing unit, as Qwen's math-eval toolkit does) equals the
+  ground truth, -0.5 when not.
 - `base_acc`: 1 when the response fullmatches `<think>.*</think>.*<answer>.*\\boxed{.*}.*</answer>` and
   its last boxed answer equals the ground truth, else 0.
 - `math_verify_reward`: the same format, then math-verify: gold `\\boxed{truth}` parsed as LaTeX, the
@@ -88,7 +89,9 @@ def _boxed_after_word(text: str) -> str:
 
 
 def answers_equal(pred: str, truth: str) -> bool:
-    """Same answer: equal without whitespace, else equal for math-verify (both parsed as boxed LaTeX)."""
+    """Same answer: equal without whitespace, else equal for math-verify (both parsed as boxed LaTeX).
+    A percent sign is dropped first, as both MindSpeed-RL's graders do (`50\\%` answers `50`)."""
+    pred, truth = (x.replace("\\%", "").replace("%", "") for x in (pred, truth))
     if "".join(pred.split()) == "".join(truth.split()):
         return True
     from math_verify import LatexExtractionConfig, parse, verify
@@ -123,10 +126,22 @@ def acc_reward(response: str, ground_truth: Any) -> float:
             text = text.split(stop)[0].strip()
     if "boxed" not in text:
         return -1.0
-    got = _boxed_after_word(text).strip()
+    got = _acc_clean(_boxed_after_word(text))
     if not got:
         return -1.0
     return 1.0 if answers_equal(got, truth_text(ground_truth)) else -0.5
+
+
+def _acc_clean(answer: str) -> str:
+    """The math-eval toolkit's clean-up of an extracted answer that math-verify does not do itself:
+    line breaks, a leading `:` or trailing `.`, `%`, `$`, degrees, and a trailing `\\text{unit}`."""
+    s = re.sub(r"\n\s*", "", answer).strip()
+    s = s[1:] if s.startswith(":") else s
+    s = s[:-1] if s.endswith(".") else s
+    for mark in ("\\%", "%", "\\$", "$", "^{\\circ}", "^\\circ"):
+        s = s.replace(mark, "")
+    unitless = re.sub(r"\\text\{.*?\}$", "", s).strip()
+    return unitless or s.strip()
 
 
 def base_acc_reward(response: str, ground_truth: Any) -> float:
