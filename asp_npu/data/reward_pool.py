@@ -102,14 +102,19 @@ class VerifierPool:
         for w in self._all:
             self._idle.put(w)
         self._closed = False
+        self._waiting = 0  # callers waiting for a worker
 
     def call(self, target: Callable[..., float], *args: Any) -> tuple[float, str]:
         """target(*args) in a worker: (its value, "ok"), or (0.0, "timeout" | "error")."""
-        wait_s = self.timeout_s * (self._idle.qsize() + len(self._all) + 1)
+        with self._lock:  # each call ahead holds a worker at most its timeout plus a restart
+            ahead, self._waiting = self._waiting, self._waiting + 1
         try:
-            worker = self._idle.get(timeout=wait_s)
+            worker = self._idle.get(timeout=(ahead // len(self._all) + 1) * (self.timeout_s + START_S))
         except queue.Empty:
             return self._count(0.0, TIMEOUT)
+        finally:
+            with self._lock:
+                self._waiting -= 1
         try:
             return self._run(worker, target, args)
         finally:
