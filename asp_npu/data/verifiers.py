@@ -19,9 +19,11 @@ MindSpeed-RL (`mindspeed_rl/models/rule_verifier.py`):
 - `math_verify_reward`: the same format, then math-verify: gold `\\boxed{truth}` parsed as LaTeX, the
   whole response parsed as expression or LaTeX, `verify(gold, pred)` -> 1, else 0.
 - `acc_for_dapo`: the DAPO/Minerva rule, as verl's `math_dapo` (below).
-"Equals" for `acc` and `base_acc` is `answers_equal`: equal after whitespace removal, else math-verify
-(MindSpeed-RL uses Qwen's math-eval `math_equal` and mathruler's `grade_answer` there, both sympy-based;
-math-verify is the maintained library for the same job).
+- `math_17k_acc` / `acc_for_ppo`: 1 when the last boxed answer equals the ground truth, else 0.
+- `step`: a third per reasoning-step marker (`Step 1:`, `First,`, a list item, ...), at most 1.
+"Equals" for `acc`, `base_acc`, `math_17k_acc` is `answers_equal`: equal after dropping `%` and
+whitespace, else math-verify (MindSpeed-RL uses Qwen's math-eval `math_equal` and mathruler's
+`grade_answer` there, both sympy-based; math-verify is the maintained library for the same job).
 
 verl (`verl/utils/reward_score/`):
 - `gsm8k`: the last `#### <number>` in the last 300 characters, commas and `$` removed, equal as a string
@@ -30,6 +32,9 @@ verl (`verl/utils/reward_score/`):
   equal to the normalised ground truth -> 1, else 0.
 - `math_dapo`: the last `Answer: ...` line in the last 300 characters, normalised as Minerva
   (`minerva_normalize`), equal to the normalised ground truth -> 1, else -1.
+- `math_verify`: math-verify's verdict alone (no format check).
+The agreement with the reference code on 74 hand-written cases, and the three deliberate differences,
+are in docs/bench/rewards.md.
 """
 
 from __future__ import annotations
