@@ -84,6 +84,8 @@ class DataConfig(Section):
     length_dist: str = ""  # synthetic answer items, e.g. "lognormal:median=6,sigma=1.4" ("" = task default)
     num_prompts: int = 256
     seed: int = 1234
+    prompt_type: str = ""  # MindSpeed-RL template name (qwen_r1, qwen, ...: asp_npu.data.templates)
+    chat_template: str = ""  # a Jinja chat template, or a file holding one ("" = the tokenizer's own)
 
 
 @dataclass
@@ -245,6 +247,17 @@ class TrainerConfig(Section):
 
 
 @dataclass
+class RewardConfig(Section):
+    """Rule rewards (MindSpeed-RL `rl_config.verifier_*`, verl `custom_reward_function`): data/rewards.py."""
+
+    verifier_function: list[str] = field(default_factory=list)  # [] = the data_source's rule (auto)
+    verifier_weight: list[float] = field(default_factory=list)  # reward = sum of weight x score; [] = 1 each
+    verifier_timeout: float = 10.0  # seconds per verifier call; past it the call scores 0 (counted)
+    verifier_parallel: int = 2  # verifier processes per rollout instance
+    custom_function: str = ""  # path/to/file.py:fn, called as verl's custom_reward_function (name `custom`)
+
+
+@dataclass
 class SFTConfig(Section):
     """Supervised warm-start (`asp-npu sft`; `model.warm_start_steps` in `asp-npu train`) on data.task."""
 
@@ -268,6 +281,7 @@ class Config(Section):
     rl_config: RLConfig = field(default_factory=RLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 # ------------------------------------------------------------------ partial rollout (rl_config keys)
@@ -358,6 +372,8 @@ NUMERIC_RANGES: dict[str, Range] = {
     "sft.batch_size": AT_LEAST_1,
     "sft.num_examples": AT_LEAST_1,
     "sft.max_items": AT_LEAST_1,
+    "reward.verifier_timeout": POSITIVE,
+    "reward.verifier_parallel": AT_LEAST_1,
 }
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
@@ -458,7 +474,16 @@ def validate(cfg: Config) -> list[str]:
     if not cfg.model.build_if_missing and not Path(cfg.model.path).exists():
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
     problems += _arch_problems(cfg)
+    problems += _reward_problems(cfg)
     return problems
+
+
+def _reward_problems(cfg: Config) -> list[str]:
+    """Verifier names and weights, the custom reward function, the prompt template."""
+    from asp_npu.data.rewards import reward_problems
+    from asp_npu.data.templates import template_problems
+
+    return reward_problems(cfg.reward) + template_problems(cfg.data.prompt_type, cfg.data.chat_template)
 
 
 def _arch_problems(cfg: Config) -> list[str]:

@@ -54,6 +54,7 @@ class Trajectory:
     # every token's behaviour version, as change points [[first token index, weights version], ...]
     # (first = policy_version; empty = all tokens policy_version); see `token_versions`
     version_changes: list[list[int]] = field(default_factory=list)
+    reward_failures: int = 0  # verifier calls of its reward that timed out or failed (each scored 0)
 
     @property
     def response_len(self) -> int:

@@ -196,15 +196,28 @@ def load_prompts(
 
 
 def config_prompts(data: Any) -> list[PromptItem]:
-    """The prompts a config's `data` section (`asp_npu.config.DataConfig`) names."""
-    return load_prompts(data.data_path, data.task, data.num_prompts, data.seed, data.length_dist)
+    """The prompts a config's `data` section (`asp_npu.config.DataConfig`) names, each carrying the
+    section's prompt template (`prompt_type` / `chat_template`) for `encode_prompt`."""
+    from asp_npu.data.templates import prompt_setting
+
+    items = load_prompts(data.data_path, data.task, data.num_prompts, data.seed, data.length_dist)
+    setting = prompt_setting(data.prompt_type, data.chat_template)
+    for item in items if setting else []:
+        item.meta.update(setting)
+    return items
 
 
 def encode_prompt(item: PromptItem, tokenizer: Any) -> list[int]:
-    """Token ids the engine sees: given ids, else the chat template over the messages, else the text."""
+    """Token ids the engine sees: given ids, else the item's prompt template (`asp_npu.data.templates`)
+    or the tokenizer's chat template over the messages, else the text."""
+    from asp_npu.data.templates import render_prompt
+
     if item.prompt_token_ids:
         return list(item.prompt_token_ids)
     messages = item.meta.get("messages") or [{"role": "user", "content": item.text or ""}]
+    templated = render_prompt(item.meta, messages, tokenizer)
+    if templated is not None:
+        return list(tokenizer.encode(templated, add_special_tokens=False))
     if getattr(tokenizer, "chat_template", None) and not item.meta.get("raw_prompt"):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(tokenizer.encode(text, add_special_tokens=False))

@@ -527,6 +527,8 @@ def _training_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, 
         if leaf == "data_path":
             tr.notes.append(f"data.data_path={value}: MindSpeed-RL's is a preprocessed Megatron-format "
                             "prefix; point it at the JSONL/Parquet file you preprocessed")
+    elif leaf == "prompt_type":  # MindSpeed-RL formats every prompt with this template
+        tr.set(key, "data.prompt_type", str(value))
     elif leaf in _LAYOUT_KEYS:
         pass  # `_layout_keys`, once the parallel sizes and the model are known
     elif leaf == "seed":
@@ -595,11 +597,77 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
     elif key == "rl_config.clip_ratio":
         tr.set(key, "rl_config.clip_ratio_low", _as_float(key, value))
         tr.set(key, "rl_config.clip_ratio_high", _as_float(key, value))
+    elif leaf in _REWARD_KEYS:
+        _reward_key(tr, key, value)
     elif key == "rl_config.use_tensorboard":
         tr.set(key, "trainer.logger", ["console", "jsonl", "tensorboard"] if value else ["console", "jsonl"])
     else:
         return False
     return True
+
+
+_REWARD_KEYS = ("rule_reward", "verifier_function", "verifier_weight", "verifier_parallel",
+                "verifier_timeout")
+
+
+def _reward_key(tr: Translation, key: str, value: Any) -> None:
+    """MindSpeed-RL's rule-reward keys -> the `reward` section (asp_npu.data.rewards)."""
+    leaf = key.split(".")[-1]
+    if leaf == "rule_reward":
+        if value:
+            tr.mapped.append(key)
+        else:
+            tr.skip(key, "reward models are not supported: asp-npu scores with rule verifiers only")
+    elif leaf in ("verifier_function", "verifier_weight"):
+        items = value if isinstance(value, list) else [value]
+        tr.set(key, f"reward.{leaf}", [str(v) for v in items] if leaf == "verifier_function"
+               else [_as_float(key, v) for v in items])
+    elif leaf == "verifier_parallel":
+        tr.set(key, "reward.verifier_parallel", _as_int(key, value))
+    else:
+        tr.set(key, "reward.verifier_timeout", _as_float(key, value))
+
+
+def _reward_defaults(ms: dict[str, Any], tr: Translation) -> None:
+    """MindSpeed-RL scores with `base_acc` when a config names no verifier: so does the import."""
+    rl = ms.get("rl_config") or {}
+    if "verifier_function" not in rl:
+        tr.out.setdefault("reward", {})["verifier_function"] = ["base_acc"]
+        tr.notes.append("reward.verifier_function: [base_acc], MindSpeed-RL's default (the config "
+                        "names none)")
+
+
+def translate_verl_reward(cfg: dict[str, Any]) -> Translation:
+    """verl's reward keys (`custom_reward_function`, `reward_model`) -> asp-npu's `reward` section + ledger.
+
+    verl calls `custom_reward_function.name` from `.path` for every sample (asp-npu:
+    `reward.custom_function`, verifier `custom`); every `reward_model.reward_manager` that scores one sample
+    at a time by rule (naive, prime, batch, dapo) gives the same per-sample scores as asp-npu's verifier
+    pool; a reward model is refused."""
+    tr = Translation()
+    custom = cfg.get("custom_reward_function") or {}
+    if custom.get("path"):
+        name = str(custom.get("name") or "compute_score")
+        tr.set("custom_reward_function.path", "reward.custom_function", f"{custom['path']}:{name}")
+        tr.mapped.append("custom_reward_function.name")
+    if custom.get("reward_kwargs"):
+        tr.skip("custom_reward_function.reward_kwargs", "asp-npu calls the custom function without extra "
+                "keyword arguments: give them defaults in the function")
+    rm = cfg.get("reward_model") or {}
+    manager = rm.get("reward_manager")
+    if isinstance(manager, dict):  # newer verl: reward_manager: {name: naive, ...}
+        manager = manager.get("name")
+    if manager in ("naive", "prime", "batch", "dapo"):
+        tr.mapped.append("reward_model.reward_manager")
+        if manager == "dapo":
+            tr.notes.append("reward_model.reward_manager dapo: its overlong penalty comes from the DAPO "
+                            "overlong_buffer settings")
+    elif manager:
+        tr.skip("reward_model.reward_manager", f"reward manager '{manager}' is not one asp-npu reproduces "
+                "(naive, prime, batch, dapo)")
+    if rm.get("enable"):
+        tr.skip("reward_model.enable", "reward models are not supported: asp-npu scores with rule verifiers")
+    return tr
 
 
 def _mini_batch(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> None:
@@ -885,6 +953,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
     _optimizer_defaults(ms, tr)
+    _reward_defaults(ms, tr)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = None
     for name in names:

@@ -133,6 +133,7 @@ class Fleet:
         return with_log(out, log_path(self.cfg.trainer.run_dir, f"trainer-rank{rank}"))
 
     def _engine_settings(self) -> tuple[Any, Any]:
+        from asp_npu.data.rewards import reward_spec
         from asp_npu.rollout.engine import EngineSettings, SamplingSettings
 
         cfg, gen = self.cfg, self.cfg.generate_config
@@ -142,7 +143,7 @@ class Fleet:
             model_path=cfg.model.path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
             max_num_batched_tokens=gen.max_num_batched_tokens, max_model_len=max_len,
             enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
-            seed=cfg.data.seed, enable_prefix_caching=self.drain)
+            seed=cfg.data.seed, enable_prefix_caching=self.drain, reward=reward_spec(cfg.reward))
         sampling = SamplingSettings(n=self.shape.group_size, temperature=sc.temperature, top_p=sc.top_p,
                                     max_tokens=sc.max_tokens, seed=cfg.data.seed)
         return settings, sampling

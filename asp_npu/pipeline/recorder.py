@@ -155,6 +155,7 @@ class Recorder:
             M.RESPONSE_LEN_MAX: float(max(lens)),
             M.RESPONSE_LEN_MIN: float(min(lens)),
             M.REWARD_MEAN: float(np.mean([t.reward for t in trajs])),
+            "reward/verifier_failures": sum(t.reward_failures for t in trajs),
             M.LAG_MEAN: float(np.mean(lags)),
             M.LAG_MAX: float(max(lags)),
             "async/staleness_steps_max": float(max(step - t.policy_version for t in trajs)),

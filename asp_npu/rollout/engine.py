@@ -13,10 +13,13 @@ import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from asp_npu.errors import UserError
 from asp_npu.types import PromptItem, Trajectory
+
+if TYPE_CHECKING:
+    from asp_npu.data.rewards import RewardSpec
 
 T = TypeVar("T")
 
@@ -68,6 +71,7 @@ class EngineSettings:
     # platform, disaggregated; "" builds none and leaves only the object-store refresh)
     weight_transfer: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the engine's args
+    reward: RewardSpec | None = None  # how samples are scored (config `reward`; None = the data_source rule)
 
 
 @dataclass

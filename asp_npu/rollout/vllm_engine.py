@@ -41,7 +41,7 @@ from typing import Any
 
 from asp_npu.data.datasets import encode_prompt
 from asp_npu.data.init_model import check_model_dir
-from asp_npu.data.rewards import compute_reward
+from asp_npu.data.rewards import RewardScorer
 from asp_npu.errors import UserError
 from asp_npu.rollout.engine import (
     ActivityLog,
@@ -214,6 +214,7 @@ class VLLMEngine:
         self._settled = asyncio.Event()  # cleared while a refresh's change points are not applied yet
         self._settled.set()
         self.last_refresh: dict[str, str] = {}  # prompt_id -> group_status after the last refresh
+        self.rewards = RewardScorer(settings.reward)  # every verifier call in its process pool, timed out
 
     # -- generation --------------------------------------------------------------------------
 
@@ -315,9 +316,11 @@ class VLLMEngine:
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
         decoded = params.detokenize
         response = "".join(text) if decoded else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        reward = 0.0
+        reward, failures = 0.0, 0
         if item.ground_truth is not None:
-            reward = compute_reward(str(item.meta.get("data_source", "")), response, item.ground_truth)
+            scored = await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
+                                                    item.ground_truth, item.meta.get("extra_info"))
+            reward, failures = scored.value, scored.failures
         return Trajectory(
             prompt_id=item.prompt_id,
             sample_idx=idx,
@@ -326,6 +329,7 @@ class VLLMEngine:
             logprobs=logprobs,
             finish_reason=finish,
             reward=reward,
+            reward_failures=failures,
             policy_version=changes[0][1],
             policy_version_last=changes[-1][1],
             version_changes=changes,
@@ -533,6 +537,7 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         """Stop the engine processes now (idempotent), not at interpreter exit."""
+        self.rewards.close()
         llm, self.llm = self.llm, None
         if llm is not None:
             # vLLM stops the engine core before it cancels its output handler, which then logs the

@@ -23,8 +23,6 @@ def test_import_then_check_accepts(tmp_path: Path, capsys: pytest.CaptureFixture
     for key in (
         "megatron_training.use_flash_attn",
         "megatron_training.seq_length",
-        "rl_config.rule_reward",
-        "rl_config.verifier_function",
         "rl_config.partial_rollout_max_split",
         "generate_config.offload_train_param",
         "generate_config.trust_remote_code",
@@ -40,6 +38,7 @@ def test_import_then_check_accepts(tmp_path: Path, capsys: pytest.CaptureFixture
     assert cfg.rl_config.mini_batch_size == 32 * 8  # MindSpeed-RL counts prompts, we count samples
     assert cfg.rl_config.global_batch_size == 32 and cfg.rl_config.n_samples_per_prompt == 8
     assert cfg.rl_config.kl_coef == 0.001 and cfg.rl_config.kl_penalty == "low_var_kl"
+    assert cfg.reward.verifier_function == ["base_acc"] and cfg.reward.verifier_weight == [1.0]
     assert (
         cfg.actor_config.tensor_model_parallel_size == 4
         and cfg.generate_config.infer_tensor_parallel_size == 4
