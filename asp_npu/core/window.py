@@ -88,6 +88,12 @@ class WindowPlanner:
         return u
 
 
+def replacement_shortfall(target: int, planned: int, filtered: int) -> int:
+    """Groups still to plan so that `target` groups get trained (DAPO dynamic sampling): each group
+    filtered after it was planned is replaced by the next prompt of the data order. <= 0: none."""
+    return target - (planned - filtered)
+
+
 def window_stream(prompts: list[PromptItem], window: int, seed: int) -> Callable[[int], list[PromptItem]]:
     """Window w's prompts: epochs are seeded permutations of the dataset, cut into consecutive windows.
 
