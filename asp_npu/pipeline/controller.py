@@ -12,6 +12,11 @@ steps (`weights.py`), no global stop.
 
 `mindspeed-sync` alternates instead: generate the whole window, pause engines, train every step,
 resume + refresh. Output: the run directory (`recorder.py`); checkpoints and resume: `resume.py`.
+
+DAPO dynamic sampling: the queue actor discards groups whose rewards are all equal (their arrivals say
+`filtered`); the planner then plans more prompts -- the next windows of the data order, the last one cut
+to the shortfall -- until the groups planned minus those filtered cover every trainer step, so each
+step still takes `mini_batch_size` samples. Validation (`trainer.test_freq`): `validation.py`.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from asp_npu.core.feed import make_feed
 from asp_npu.core.modes import mode_spec
 from asp_npu.core.policy import DispatchPolicy, Ports
 from asp_npu.core.records import Arrival, Minibatch, Unit
-from asp_npu.core.window import WindowPlanner, window_stream
+from asp_npu.core.window import WindowPlanner, replacement_shortfall, window_stream
 from asp_npu.errors import UserError
 from asp_npu.pipeline import resume
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
+from asp_npu.pipeline.validation import run_validation, val_due, val_metrics, val_sampling
 from asp_npu.pipeline.weights import WeightSync, make_weights, refresh_all_and_wait
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
@@ -76,6 +82,10 @@ class Controller:
         self.resumed_pending: int | None = None  # groups a resumed window still needs generated
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
+        self.planned_groups = 0  # groups planned so far (resume: consumed + queued + pending + filtered)
+        self.filtered_groups = 0  # groups discarded by dynamic sampling (consumed without training)
+        self.val_items: list[PromptItem] = []  # the held-out set (trainer.test_freq > 0)
+        self._val_due = False  # a colocated run validates once its engines are awake again
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
         self.supervisor = Supervisor(self)
@@ -87,6 +97,10 @@ class Controller:
         self.weights = make_weights(self.cfg.generate_config.weight_transfer, self.fleet.trainer,
                                     self.fleet.instances, self.cfg.model.dtype, self.fleet.drain,
                                     self.fleet.kind, self.mode.colocated)
+        if self.cfg.trainer.test_freq > 0:
+            from asp_npu.data.datasets import config_val_prompts
+
+            self.val_items = config_val_prompts(self.cfg.data)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         if self.cfg.actor_config.load:  # trainer, queue, ledger, data position, predictor
@@ -120,12 +134,23 @@ class Controller:
         ids = item.prompt_token_ids
         return len(ids if ids is not None else encode_prompt(item, self._tok()))
 
-    def plan_window(self) -> bool:
-        """Predict, plan and feed the next window's units; False when every window is planned."""
-        if self.next_window >= self.shape.iterations:
+    def _target(self) -> int:
+        """Groups the run must train by the end of what is being generated now: every step's for an
+        asynchronous mode, the current iteration's for a colocated one."""
+        sh = self.shape
+        windows = self.step // sh.steps_per_window + 1 if self.mode.colocated else sh.iterations
+        return windows * sh.window
+
+    def plan_window(self, target: int | None = None) -> bool:
+        """Predict, plan and feed the next window's units while the groups planned minus those filtered
+        fall short of `target` (default `_target()`); the window is cut to the shortfall. False when
+        nothing more is needed."""
+        short = replacement_shortfall(self._target() if target is None else target, self.planned_groups,
+                                      self.filtered_groups)
+        if short <= 0:
             return False
         self.next_window += 1
-        self.plan_items(self.next_window - 1, self.window_items(self.next_window - 1))
+        self.plan_items(self.next_window - 1, self.window_items(self.next_window - 1)[:short])
         return True
 
     def plan_items(self, w: int, items: list[PromptItem]) -> None:
@@ -138,6 +163,7 @@ class Controller:
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
         self.fleet.add_prompts(items)
+        self.planned_groups += len(items)
 
     def _ledger_version(self, weights_step: int) -> int:
         """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
@@ -153,9 +179,9 @@ class Controller:
         def blocked(i: int, on: bool) -> None:
             self.recorder.instances[i].set_blocked(now, on)
 
-        # asynchronous modes plan the next window when work runs dry; a colocated one plans per window
-        plan_next = (lambda: False) if self.mode.colocated else self.plan_window
-        self.policy.dispatch(Ports(admit, self.fleet.submit, blocked, plan_next))
+        # work runs dry: an asynchronous mode plans its next window, a colocated one only replacements
+        # of filtered groups (it plans each iteration's window itself)
+        self.policy.dispatch(Ports(admit, self.fleet.submit, blocked, self.plan_window))
 
     def _wait_events(self, timeout: float) -> list[Arrival]:
         """Block until a group arrives, a weight load ends or the trainer wakes the queue (or `timeout`);
@@ -167,6 +193,7 @@ class Controller:
         self.recorder.arrived_tokens += sum(r.tokens for r in rows)
         self.supervisor.failed(failures)
         for r in rows:
+            self.filtered_groups += r.filtered
             self.policy.arrived(r.group)
             self.supervisor.arrived(r.instance, r.t)
             key = r.key
@@ -200,10 +227,31 @@ class Controller:
                  ) -> dict[str, Any]:
         row = self.recorder.step(mb, out, t0, t1, waited_s, self.step, self.base)
         self.step += 1
+        if self.cfg.rl_config.drop_equal_reward_groups:
+            filtered, trained = self.filtered_groups, self.step * self.shape.minibatch_groups
+            row["dynamic_sampling/filtered_groups"] = filtered
+            row["dynamic_sampling/filtered_fraction"] = filtered / (filtered + trained)
+            row["dynamic_sampling/minibatch_samples"] = len(mb.trajectories)
         return row
+
+    def _validate(self) -> None:
+        """Score the held-out set on the rollout instances and log it as its own metrics row."""
+        assert self.weights is not None
+        self._val_due = False
+        t0 = time.time()
+        trajs = run_validation(self.fleet.instances, self.fleet.names(), self.val_items,
+                               val_sampling(self.cfg))
+        row: dict[str, Any] = {**val_metrics(self.val_items, trajs), "timing/validation": time.time() - t0,
+                               "val/weights_step": min(self.weights.held)}
+        self.recorder.metrics.log(self.step, row, console=False)
+        self.recorder.event("validation", step=self.step, **{k: v for k, v in row.items() if "/all" in k})
 
     def _log_and_save(self, row: dict[str, Any]) -> None:
         self.recorder.log(self.step, row)
+        if val_due(self.step, self.shape.total_steps, self.cfg.trainer.test_freq):
+            self._val_due = True
+            if not self.mode.colocated:  # a colocated run's engines sleep now: it validates on waking
+                self._validate()
         f = self.cfg.trainer.save_freq
         if f > 0 and self.step - self.saved >= f and self.step < self.shape.total_steps:
             resume.save(self, "save_freq")
@@ -212,6 +260,11 @@ class Controller:
     def run(self) -> dict[str, Any]:
         self.recorder.start(time.time(), self.step, self.weights)
         (self._run_sync if self.mode.colocated else self._run_async)()
+        if self._val_due:  # a colocated run's last validation: wake the engines with the final weights
+            assert self.weights is not None
+            self.fleet.resume()
+            refresh_all_and_wait(self.weights, self.recorder.refreshed)
+            self._validate()
         t_end = time.time()
         self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
@@ -269,9 +322,14 @@ class Controller:
             self.recorder.end_lent(t_gen)
             self.fleet.resume()  # wake up: resume engines, load the newest weights everywhere, then generate
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
-            resumed = self.resumed_pending
-            need = resumed if resumed is not None else sh.window * self.plan_window()
+            if self._val_due:
+                self._validate()
+            if self.resumed_pending is None:
+                self.plan_window()
             self.resumed_pending = None
+            # trained groups this iteration still needs (a resumed one has some queued already)
+            left = sh.steps_per_window - self.step % sh.steps_per_window
+            need = left * sh.minibatch_groups - int(self.fleet.queue_state()["queued"])
             got, last_progress = 0, time.time()
             while got < need:
                 if self.stop_signal:
@@ -279,7 +337,7 @@ class Controller:
                 self.dispatch()
                 rows = self._wait_events(WAIT_S)
                 if rows:
-                    got += len(rows)
+                    got += sum(not r.filtered for r in rows)
                     last_progress = time.time()
                 self.supervisor.progress_guard(last_progress)
             t_pause = time.time()
