@@ -273,6 +273,7 @@ class Controller:
         labels = {u.uid: f"w{u.window}/u{u.uid}" for u in self.policy.units.values()}
         planned = {"planned_groups": len(self.policy.group_unit), "windows": self.plan_summaries,
                    "consumed_group_ids": resume.consumed_ids(self),
+                   "filtered_group_ids": resume.filtered_ids(self),
                    "planned_samples": self.policy.planned_samples(), "failures": self.supervisor.summary()}
         summary = self.recorder.finish(stats, self.fleet.series(), t_end, self.step, labels,
                                        self.fleet.placement_summary(), planned)

@@ -175,6 +175,12 @@ def consumed_ids(ctrl: Any) -> list[str]:
                 ["consumed_ids"])
 
 
+def filtered_ids(ctrl: Any) -> list[str]:
+    """Group ids DAPO dynamic sampling consumed without training (a resumed run's included)."""
+    return list(get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
+                ["filtered_ids"])
+
+
 def trainer_failure(exc: BaseException) -> ActorFailure | None:
     """The exception as a trainer rank's failure, or None when it is something else."""
     if isinstance(exc, ActorFailure) and exc.who.startswith("trainer rank"):
