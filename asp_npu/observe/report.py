@@ -108,8 +108,8 @@ def validation_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         for name in validation_sources([r]):
             acc = r.get(VAL_ACC + name)
-            out.append(f"step {int(r['step'])}  {name}  reward {float(r[VAL_REWARD + name]):.3f}"
-                       + (f"  acc {float(acc):.3f}" if _number(acc) else ""))
+            line = f"step {int(r['step'])}  {name}  reward {float(r[VAL_REWARD + name]):.3f}"
+            out.append(line + (f"  acc {float(acc):.3f}" if isinstance(acc, int | float) else ""))
     return out
 
 

@@ -35,7 +35,8 @@ def test_dapo_data_and_logger_keys_are_mapped(tmp_path: Path, capsys) -> None:
     cfg = load_config(str(out), check=False)
     rl = cfg.rl_config
     assert rl.drop_equal_reward_groups and rl.filter_groups_max_batches == 4
-    assert (rl.overlong_buffer_enable, rl.overlong_buffer, rl.overlong_buffer_penalty_factor) == (True, 512, 0.5)
+    overlong = (rl.overlong_buffer_enable, rl.overlong_buffer, rl.overlong_buffer_penalty_factor)
+    assert overlong == (True, 512, 0.5)
     assert cfg.data.map_keys == {"prompt": "Problem", "query": "", "response": "Answer", "system": ""}
     assert cfg.trainer.logger == ["console", "jsonl", "tensorboard", "wandb", "swanlab"]
     assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("dapo", "qwen7b")

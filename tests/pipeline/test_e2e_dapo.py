@@ -30,18 +30,23 @@ DAPO = ["rl_config.drop_equal_reward_groups=true", "rl_config.filter_groups_max_
 VAL = ["trainer.test_freq=2", "data.val_num_prompts=4"]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def dapo_run(root: Path, mode: str) -> Path:
+    """`asp-npu train` with DAPO and validation on a fresh tiny model under `root`; the run directory."""
     from asp_npu.data.init_model import build_model_dir
 
-    root = tmp_path_factory.mktemp("dapo")
     model = build_model_dir(root / "tiny", "tiny", seed=0)
     run = root / "run"
-    rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", *OVERRIDES, "generate_config.num_instances=1",
-                   f"trainer.train_iters={ITERS}", "trainer.logger=[jsonl]", "trainer.save_freq=0",
-                   f"model.path={model}", f"trainer.run_dir={run}", *DAPO, *VAL])
+    rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", *OVERRIDES, f"rl_config.mode={mode}",
+                   "generate_config.num_instances=1", f"trainer.train_iters={ITERS}",
+                   "trainer.logger=[jsonl]", "trainer.save_freq=0", f"model.path={model}",
+                   f"trainer.run_dir={run}", *DAPO, *VAL])
     assert rc == 0
     return run
+
+
+@pytest.fixture(scope="module", params=["asp", "mindspeed-sync"])
+def run(request, tmp_path_factory) -> Path:
+    return dapo_run(tmp_path_factory.mktemp("dapo"), request.param)
 
 
 def _planned(run: Path) -> list[str]:
