@@ -12,11 +12,7 @@ steps (`weights.py`), no global stop.
 
 `mindspeed-sync` alternates instead: generate the whole window, pause engines, train every step,
 resume + refresh. Output: the run directory (`recorder.py`); checkpoints and resume: `resume.py`.
-
-DAPO dynamic sampling: the queue actor discards groups whose rewards are all equal (their arrivals say
-`filtered`); the planner then plans more prompts -- the next windows of the data order, the last one cut
-to the shortfall -- until the groups planned minus those filtered cover every trainer step, so each
-step still takes `mini_batch_size` samples. Validation (`trainer.test_freq`): `validation.py`.
+DAPO dynamic sampling: groups the queue actor filtered are replaced by more prompts (`plan_window`).
 """
 
 from __future__ import annotations
@@ -34,13 +30,13 @@ from asp_npu.core.feed import make_feed
 from asp_npu.core.modes import mode_spec
 from asp_npu.core.policy import DispatchPolicy, Ports
 from asp_npu.core.records import Arrival, Minibatch, Unit
-from asp_npu.core.window import WindowPlanner, replacement_shortfall, window_stream
+from asp_npu.core.window import GroupSupply, WindowPlanner, window_stream
 from asp_npu.errors import UserError
 from asp_npu.pipeline import resume
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
-from asp_npu.pipeline.validation import run_validation, val_due, val_metrics, val_sampling
+from asp_npu.pipeline.validation import Validator
 from asp_npu.pipeline.weights import WeightSync, make_weights, refresh_all_and_wait
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
@@ -82,10 +78,8 @@ class Controller:
         self.resumed_pending: int | None = None  # groups a resumed window still needs generated
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
-        self.planned_groups = 0  # groups planned so far (resume: consumed + queued + pending + filtered)
-        self.filtered_groups = 0  # groups discarded by dynamic sampling (consumed without training)
-        self.val_items: list[PromptItem] = []  # the held-out set (trainer.test_freq > 0)
-        self._val_due = False  # a colocated run validates once its engines are awake again
+        self.supply = GroupSupply()  # groups planned / filtered by DAPO dynamic sampling
+        self.validator = Validator(cfg, self.fleet, lambda r: self.recorder.metrics.log(self.step, r, False))
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
         self.supervisor = Supervisor(self)
@@ -97,10 +91,6 @@ class Controller:
         self.weights = make_weights(self.cfg.generate_config.weight_transfer, self.fleet.trainer,
                                     self.fleet.instances, self.cfg.model.dtype, self.fleet.drain,
                                     self.fleet.kind, self.mode.colocated)
-        if self.cfg.trainer.test_freq > 0:
-            from asp_npu.data.datasets import config_val_prompts
-
-            self.val_items = config_val_prompts(self.cfg.data)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         if self.cfg.actor_config.load:  # trainer, queue, ledger, data position, predictor
@@ -134,19 +124,12 @@ class Controller:
         ids = item.prompt_token_ids
         return len(ids if ids is not None else encode_prompt(item, self._tok()))
 
-    def _target(self) -> int:
-        """Groups the run must train by the end of what is being generated now: every step's for an
-        asynchronous mode, the current iteration's for a colocated one."""
+    def plan_window(self) -> bool:
+        """Predict, plan and feed the next window's units while the groups planned minus those filtered
+        fall short of the run's (colocated: the iteration's) groups; cut to the shortfall. False: none."""
         sh = self.shape
         windows = self.step // sh.steps_per_window + 1 if self.mode.colocated else sh.iterations
-        return windows * sh.window
-
-    def plan_window(self, target: int | None = None) -> bool:
-        """Predict, plan and feed the next window's units while the groups planned minus those filtered
-        fall short of `target` (default `_target()`); the window is cut to the shortfall. False when
-        nothing more is needed."""
-        short = replacement_shortfall(self._target() if target is None else target, self.planned_groups,
-                                      self.filtered_groups)
+        short = self.supply.shortfall(windows * sh.window)
         if short <= 0:
             return False
         self.next_window += 1
@@ -163,7 +146,7 @@ class Controller:
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
         self.fleet.add_prompts(items)
-        self.planned_groups += len(items)
+        self.supply.planned += len(items)
 
     def _ledger_version(self, weights_step: int) -> int:
         """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
@@ -193,7 +176,7 @@ class Controller:
         self.recorder.arrived_tokens += sum(r.tokens for r in rows)
         self.supervisor.failed(failures)
         for r in rows:
-            self.filtered_groups += r.filtered
+            self.supply.filtered += r.filtered
             self.policy.arrived(r.group)
             self.supervisor.arrived(r.instance, r.t)
             key = r.key
@@ -228,30 +211,14 @@ class Controller:
         row = self.recorder.step(mb, out, t0, t1, waited_s, self.step, self.base)
         self.step += 1
         if self.cfg.rl_config.drop_equal_reward_groups:
-            filtered, trained = self.filtered_groups, self.step * self.shape.minibatch_groups
-            row["dynamic_sampling/filtered_groups"] = filtered
-            row["dynamic_sampling/filtered_fraction"] = filtered / (filtered + trained)
-            row["dynamic_sampling/minibatch_samples"] = len(mb.trajectories)
+            row.update(self.supply.metrics(self.step * self.shape.minibatch_groups, len(mb.trajectories)))
         return row
-
-    def _validate(self) -> None:
-        """Score the held-out set on the rollout instances and log it as its own metrics row."""
-        assert self.weights is not None
-        self._val_due = False
-        t0 = time.time()
-        trajs = run_validation(self.fleet.instances, self.fleet.names(), self.val_items,
-                               val_sampling(self.cfg))
-        row: dict[str, Any] = {**val_metrics(self.val_items, trajs), "timing/validation": time.time() - t0,
-                               "val/weights_step": min(self.weights.held)}
-        self.recorder.metrics.log(self.step, row, console=False)
-        self.recorder.event("validation", step=self.step, **{k: v for k, v in row.items() if "/all" in k})
 
     def _log_and_save(self, row: dict[str, Any]) -> None:
         self.recorder.log(self.step, row)
-        if val_due(self.step, self.shape.total_steps, self.cfg.trainer.test_freq):
-            self._val_due = True
-            if not self.mode.colocated:  # a colocated run's engines sleep now: it validates on waking
-                self._validate()
+        if self.validator.mark(self.step, self.shape.total_steps) and not self.mode.colocated:
+            assert self.weights is not None  # a colocated run's engines sleep now: it validates on waking
+            self.validator.run(self.weights.held)
         f = self.cfg.trainer.save_freq
         if f > 0 and self.step - self.saved >= f and self.step < self.shape.total_steps:
             resume.save(self, "save_freq")
@@ -260,11 +227,11 @@ class Controller:
     def run(self) -> dict[str, Any]:
         self.recorder.start(time.time(), self.step, self.weights)
         (self._run_sync if self.mode.colocated else self._run_async)()
-        if self._val_due:  # a colocated run's last validation: wake the engines with the final weights
+        if self.validator.due:  # a colocated run's last validation: wake the engines with the last weights
             assert self.weights is not None
             self.fleet.resume()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
-            self._validate()
+            self.validator.run(self.weights.held)
         t_end = time.time()
         self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
@@ -323,8 +290,8 @@ class Controller:
             self.recorder.end_lent(t_gen)
             self.fleet.resume()  # wake up: resume engines, load the newest weights everywhere, then generate
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
-            if self._val_due:
-                self._validate()
+            if self.validator.due:
+                self.validator.run(self.weights.held)
             if self.resumed_pending is None:
                 self.plan_window()
             self.resumed_pending = None

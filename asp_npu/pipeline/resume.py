@@ -144,13 +144,13 @@ def restore(ctrl: Any, load: str) -> None:
     get(ctrl.fleet.queue.set_base.remote(ctrl.base), CALL_S, "the TrainQueue actor", "set_base")
     if state is None:
         ctrl.next_window = ctrl.step // ctrl.shape.steps_per_window
-        ctrl.planned_groups = ctrl.next_window * ctrl.shape.window
+        ctrl.supply.planned = ctrl.next_window * ctrl.shape.window
         return
     ctrl.next_window = state.next_window
     get(ctrl.fleet.queue.restore.remote(state.consumed, state.consumed_ids, state.queued,
                                         state.filtered_ids), CALL_S, "the TrainQueue actor", "restore")
-    ctrl.filtered_groups = len(state.filtered_ids)
-    ctrl.planned_groups = len(state.consumed_ids) + len(state.queued) + len(state.filtered_ids)
+    ctrl.supply.filtered = len(state.filtered_ids)
+    ctrl.supply.planned = len(state.consumed_ids) + len(state.queued) + len(state.filtered_ids)
     if state.predictor is not None and hasattr(ctrl.predictor, "load_state_dict"):
         ctrl.predictor.load_state_dict(state.predictor)
     ids, plens, before = state.probe

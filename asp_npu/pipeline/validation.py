@@ -12,7 +12,8 @@ right), the same over all sources as `val/reward/all`, `val/acc/all`, and `val/s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asp_npu.rollout.engine import SamplingSettings
@@ -49,6 +50,30 @@ def val_metrics(items: Sequence[PromptItem], trajs: Sequence[Trajectory]) -> dic
             out[f"{VAL_PREFIX}acc/{name}"] = sum(r >= 1.0 for r in rs) / len(rs)
     out[f"{VAL_PREFIX}samples"] = float(len(every))
     return out
+
+
+class Validator:
+    """The run's held-out set and when to score it: after `mark` says a step is due, `run` scores it on
+    `fleet`'s instances and hands the row to `log` (a colocated run runs it once its engines wake)."""
+
+    def __init__(self, cfg: Any, fleet: Any, log: Callable[[dict[str, Any]], None]) -> None:
+        from asp_npu.data.datasets import config_val_prompts
+
+        self.cfg, self.fleet, self.log = cfg, fleet, log
+        self.items = config_val_prompts(cfg.data) if cfg.trainer.test_freq > 0 else []
+        self.due = False
+
+    def mark(self, step: int, total: int) -> bool:
+        """Trainer step `step` finished: True (and due) when validation follows it."""
+        self.due = self.due or val_due(step, total, self.cfg.trainer.test_freq)
+        return self.due
+
+    def run(self, held: Sequence[int]) -> None:
+        """Score the held-out set now (`held`: the weights step each instance holds)."""
+        self.due, t0 = False, time.time()
+        trajs = run_validation(self.fleet.instances, self.fleet.names(), self.items, val_sampling(self.cfg))
+        self.log({**val_metrics(self.items, trajs), "timing/validation": time.time() - t0,
+                  "val/weights_step": min(held)})
 
 
 def run_validation(instances: Sequence[Any], names: Sequence[str], items: Sequence[PromptItem],

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asp_npu.core.train_queue import TrainQueue
-from asp_npu.core.window import replacement_shortfall
+from asp_npu.core.window import GroupSupply
 from asp_npu.data.shaping import DapoShaping, equal_rewards, filter_budget
 from asp_npu.pipeline.queue_actor import QueueService
 from asp_npu.types import Trajectory
@@ -34,7 +34,7 @@ class _Run:
         self.inst_version = 0
 
     def plan(self) -> None:
-        short = replacement_shortfall(self.target, self.planned, self.filtered)
+        short = GroupSupply(self.planned, self.filtered).shortfall(self.target)
         if not self.pending and short > 0:
             k = min(self.window, short)
             self.pending = list(range(self.planned, self.planned + k))
