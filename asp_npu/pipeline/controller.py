@@ -58,6 +58,7 @@ class Controller:
         self.cfg, self.run_dir, self.prompts = cfg, run, prompts
         self.mode = mode_spec(rl.mode, cfg.generate_config.admission)
         self.fleet = Fleet(cfg, kind, self.mode)
+        self.validator = Validator(cfg, self.fleet, lambda r: self.recorder.metrics.log(self.step, r, False))
         self.shape = sh = self.fleet.shape
         self.recorder = Recorder(cfg, run, sh, label, console)
         feed = make_feed(self.mode.dispatch, sh.instances, sh.version_groups)
@@ -79,7 +80,6 @@ class Controller:
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
         self.supply = GroupSupply()  # groups planned / filtered by DAPO dynamic sampling
-        self.validator = Validator(cfg, self.fleet, lambda r: self.recorder.metrics.log(self.step, r, False))
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
         self.supervisor = Supervisor(self)

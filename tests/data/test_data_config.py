@@ -85,3 +85,17 @@ def test_bad_data_and_dapo_keys_are_listed(changes, problem):
     problems = validate(cfg)
     assert any(p.startswith(problem) for p in problems), problems
     assert all("\n" not in p for p in problems)
+
+
+def test_a_bad_held_out_row_is_refused_before_the_run_starts(tmp_path):
+    from asp_npu.errors import UserError
+    from asp_npu.pipeline.train import load_run_prompts
+
+    cfg = Config()
+    cfg.data.data_path = _jsonl(tmp_path / "train.jsonl", [{"question": "q", "answer": "1"}])
+    cfg.data.val_files = _jsonl(tmp_path / "val.jsonl", [{"question": "q", "answer": "1"}, {"question": "q"}])
+    cfg.trainer.test_freq = 2
+    with pytest.raises(UserError, match=r"val.jsonl:2: no response column"):
+        load_run_prompts(cfg)
+    cfg.trainer.test_freq = 0  # no validation: the held-out set is not read
+    assert len(load_run_prompts(cfg)) == 1
