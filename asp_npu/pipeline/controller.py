@@ -229,6 +229,7 @@ class Controller:
         (self._run_sync if self.mode.colocated else self._run_async)()
         if self.validator.due:  # a colocated run's last validation: wake the engines with the last weights
             assert self.weights is not None
+            self._publish()
             self.fleet.resume()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
             self.validator.run(self.weights.held)

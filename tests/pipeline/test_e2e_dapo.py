@@ -1,12 +1,14 @@
 """DAPO and validation end to end on CPU: real vLLM instance, megatron-core trainer, Ray queue, through
-`asp-npu train` on a freshly built tiny model.
+`asp-npu train` on a freshly built tiny model, in the asynchronous `asp` mode and the colocated
+`mindspeed-sync` mode.
 
 Dynamic sampling on (with overlong shaping, which makes the untrained model's groups equal: every
 response runs into the buffer), `filter_groups_max_batches=2`: the run checks from what it recorded that
 every trainer step took exactly `mini_batch_size` samples, no group was trained twice, no filtered
 group was trained, every planned group is trained, filtered or was still unfinished at the end (none
 lost), the filter cap held and every trained sample is within the lag bound. `trainer.test_freq=2`
-writes validation reward and accuracy per data source into metrics.jsonl and `asp-npu report`.
+writes validation reward and accuracy per data source into metrics.jsonl and `asp-npu report` (a
+colocated run validates when its engines wake with new weights: after the iteration's last step).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def test_dynamic_sampling_keeps_every_minibatch_whole(run):
     assert summary["steps"] == steps
     per_step: dict[int, int] = {}
     for s in samples:
-        per_step[s["step"]] = per_step.get(s["step"], 0) + 1
+        per_step[s["trainer_step"]] = per_step.get(s["trainer_step"], 0) + 1
         assert 0 <= s["step"] - s["policy_version"] <= summary["max_lag"], s  # lag within its bound
     assert sorted(per_step) == list(range(steps)) and set(per_step.values()) == {MB}
     rows = [r for r in read_metrics(run / rd.METRICS) if "dynamic_sampling/minibatch_samples" in r]
@@ -87,8 +89,11 @@ def test_dynamic_sampling_keeps_every_minibatch_whole(run):
 
 def test_validation_per_data_source_in_metrics_and_report(run, capsys):
     val = [r for r in read_metrics(run / rd.METRICS) if "val/samples" in r]
-    steps = ITERS * WINDOW * G // MB
-    assert steps == 6 and [r["step"] for r in val] == [2, 4, 6]  # every test_freq steps and the last
+    colocated = json.loads((run / rd.SUMMARY).read_text())["mode"] == "mindspeed-sync"
+    # every test_freq (2) steps and after the last; a colocated run when its engines wake (3 steps a window)
+    assert [r["step"] for r in val] == ([3, 6] if colocated else [2, 4, 6])
+    if colocated:  # woken engines hold the newest weights
+        assert [r["val/weights_step"] for r in val] == [3, 6]
     for r in val:
         assert r["val/samples"] == 4  # greedy, n=1: one sample per held-out prompt
         sources = [k for k in r if k.startswith("val/reward/") and k != "val/reward/all"]
