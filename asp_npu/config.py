@@ -82,10 +82,16 @@ class DataConfig(Section):
     data_path: str = ""  # empty -> synthetic task below
     task: str = "count"  # synthetic task name (asp_npu.data.tasks)
     length_dist: str = ""  # synthetic answer items, e.g. "lognormal:median=6,sigma=1.4" ("" = task default)
-    num_prompts: int = 256
+    num_prompts: int = 0  # 0 = every row of data_path (synthetic task: SYNTHETIC_PROMPTS); > 0 truncates
     seed: int = 1234
     prompt_type: str = ""  # MindSpeed-RL template name (qwen_r1, qwen, ...: asp_npu.data.templates)
     chat_template: str = ""  # a Jinja chat template, or a file holding one ("" = the tokenizer's own)
+    layout: str = "auto"  # auto | verl (prompt messages, reward_model.ground_truth) | mindspeed (raw keys)
+    prompt_key: str = "prompt"  # verl data.prompt_key
+    map_keys: dict[str, str] = field(default_factory=dict)  # MindSpeed-RL map_keys: {prompt, response,
+    #                                                          query, system} -> column names
+    val_files: str = ""  # verl data.val_files: held-out prompts scored every trainer.test_freq steps
+    val_num_prompts: int = 0  # 0 = every val_files row (synthetic task: 32 held-out prompts)
 
 
 @dataclass
@@ -97,6 +103,16 @@ class SamplingConfig(Section):
 
 
 WEIGHT_TRANSFERS = ("auto", "object-store")
+
+
+@dataclass
+class ValKwargs(Section):
+    """Validation sampling (verl `actor_rollout_ref.rollout.val_kwargs`): greedy unless `do_sample`."""
+
+    do_sample: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    n: int = 1
 
 
 @dataclass
@@ -119,6 +135,7 @@ class GenerateConfig(Section):
     weight_transfer: str = "auto"
     admission: str = "continuous"  # pipeline: a unit starts when its samples fit in free slots | "unit"
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
 @dataclass
@@ -209,7 +226,15 @@ class RLConfig(Section):
     kl_ctrl_type: str = "fixed"  # fixed | adaptive (verl kl_ctrl.type): adapts kl_coef toward kl_target
     kl_target: float = 0.1  # adaptive: target per-token KL (verl kl_ctrl.target_kl)
     kl_horizon: float = 10000.0  # adaptive: horizon in samples (verl kl_ctrl.horizon)
-    drop_equal_reward_groups: bool = False  # DAPO dynamic sampling
+    drop_equal_reward_groups: bool = False  # DAPO dynamic sampling (MindSpeed-RL filter_groups_enable)
+    # groups whose rewards are all equal are filtered before the trainer and replaced by more prompts;
+    # at most (filter_groups_max_batches - 1) x global batch x train_iters groups per run (0: no cap)
+    filter_groups_max_batches: int = 10
+    # DAPO overlong reward shaping: a response longer than max_tokens - overlong_buffer loses
+    # (length - (max_tokens - overlong_buffer)) / overlong_buffer x overlong_buffer_penalty_factor
+    overlong_buffer_enable: bool = False
+    overlong_buffer: int = 0
+    overlong_buffer_penalty_factor: float = 1.0
     predictor: str = "history"  # history | prompt-len | oracle
     max_prompt_length: int = 512  # longest prompt in tokens (MindSpeed-RL rl_config.max_prompt_length)
     global_batch_size: int = 0  # prompts per iteration (MindSpeed-RL megatron_training); 0 = one minibatch
@@ -233,6 +258,9 @@ class TrainerConfig(Section):
     save_freq: int = 10  # checkpoint (trainer + pipeline state: an exact resume) every this many trainer
     # steps; 0 = only at the end; < 0 = never (a SIGTERM/SIGINT still checkpoints)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    project_name: str = "asp-npu"  # wandb / swanlab project (verl trainer.project_name)
+    experiment_name: str = ""  # wandb / swanlab run name ("" = the run directory's name)
+    test_freq: int = 0  # validate on data.val_files every this many trainer steps and at the end (<= 0: no)
     device: str = "auto"  # auto | cpu | npu | cuda
     nnodes: int = 1
     ray_address: str = ""  # join this running Ray cluster ("auto" | "host:port"); "" = RAY_ADDRESS, else a
@@ -333,7 +361,10 @@ AT_LEAST_1: Range = (1, None, False, False)
 POSITIVE: Range = (0, None, True, False)
 FRACTION: Range = (0, 1, True, False)  # (0, 1]
 NUMERIC_RANGES: dict[str, Range] = {
-    "data.num_prompts": (0, None, False, False),  # 0 = every prompt of data.data_path (synthetic: >= 1)
+    "data.num_prompts": (0, None, False, False),  # 0 = every prompt of data.data_path (synthetic: 256)
+    "trainer.test_freq": (-1, None, False, False),  # verl's -1 = never
+    "generate_config.val_kwargs.top_p": FRACTION,
+    "generate_config.val_kwargs.n": AT_LEAST_1,
     "generate_config.num_instances": AT_LEAST_1,
     "generate_config.infer_tensor_parallel_size": AT_LEAST_1,
     "generate_config.infer_expert_parallel_size": AT_LEAST_1,
@@ -377,7 +408,7 @@ NUMERIC_RANGES: dict[str, Range] = {
 }
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
-LOGGERS = ("console", "jsonl", "tensorboard")  # asp_npu.observe.metrics.MetricsLogger sinks
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
 ADV_ESTIMATORS = ("group_norm",)
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -447,9 +478,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
     problems += partial_rollout_problems(rl)
     problems += loss_problems(cfg)
-    if not cfg.data.data_path and cfg.data.num_prompts < 1:
-        problems.append(f"data.num_prompts: the synthetic task needs >= 1 prompt "
-                        f"(got {cfg.data.num_prompts})")
+    problems += data_problems(cfg)
     if cfg.data.length_dist:
         from asp_npu.data.tasks import parse_length_dist
 
@@ -484,6 +513,30 @@ def _reward_problems(cfg: Config) -> list[str]:
     from asp_npu.data.templates import template_problems
 
     return reward_problems(cfg.reward) + template_problems(cfg.data.prompt_type, cfg.data.chat_template)
+
+
+def data_problems(cfg: Config) -> list[str]:
+    """Dataset layout, held-out set for validation, DAPO dynamic sampling and overlong buffer."""
+    from asp_npu.data.datasets import LAYOUTS, MINDSPEED_CANDIDATES
+
+    d, rl, out = cfg.data, cfg.rl_config, []
+    if d.layout not in LAYOUTS:
+        out.append(f"data.layout: '{d.layout}' is not one of {', '.join(LAYOUTS)}")
+    unknown = sorted(set(d.map_keys) - set(MINDSPEED_CANDIDATES))
+    if unknown:
+        out.append(f"data.map_keys: unknown role '{unknown[0]}' (known: {', '.join(MINDSPEED_CANDIDATES)})")
+    if d.val_files and not Path(d.val_files).is_file():
+        out.append(f"data.val_files: '{d.val_files}' is not a file")
+    if cfg.trainer.test_freq > 0 and d.data_path and not d.val_files:
+        out.append("trainer.test_freq: validation needs a held-out set (set data.val_files)")
+    if rl.drop_equal_reward_groups and rl.n_samples_per_prompt < 2:
+        out.append("rl_config.drop_equal_reward_groups: a group of one sample always has equal rewards "
+                   "(set n_samples_per_prompt >= 2)")
+    max_tokens = cfg.generate_config.sampling_config.max_tokens
+    if rl.overlong_buffer_enable and not 0 < rl.overlong_buffer < max_tokens:
+        out.append(f"rl_config.overlong_buffer: must be in (0, max_tokens={max_tokens}) when "
+                   f"overlong_buffer_enable (got {rl.overlong_buffer})")
+    return out
 
 
 def _arch_problems(cfg: Config) -> list[str]:

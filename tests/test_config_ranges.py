@@ -61,9 +61,9 @@ def test_every_problem_listed_at_once() -> None:
     cfg.generate_config.sampling_config.temperature = -1.0
     cfg.generate_config.sampling_config.top_p = 5.0
     cfg.generate_config.kv_cache_gib = -1.0
-    cfg.data.num_prompts = 0
+    cfg.data.num_prompts = -1
     cfg.trainer.stall_timeout_s = -3.0
-    cfg.trainer.logger = ["console", "wandb"]
+    cfg.trainer.logger = ["console", "mlflow"]
     keys = {p.split(":")[0] for p in validate(cfg)}
     assert {"actor_config.lr", "generate_config.sampling_config.temperature",
             "generate_config.sampling_config.top_p", "generate_config.kv_cache_gib", "data.num_prompts",

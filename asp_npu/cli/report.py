@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from asp_npu.cli import command_parser
+from asp_npu.core import run_dir as rd
 from asp_npu.io import check_writable
-from asp_npu.observe.report import draw_report
+from asp_npu.observe.metrics import read_metrics
+from asp_npu.observe.report import draw_report, validation_lines
 
 
 def main(argv: list[str]) -> int:
@@ -15,5 +17,7 @@ def main(argv: list[str]) -> int:
     if args.out is not None:
         check_writable(args.out)
     path = draw_report(args.run_dir, args.out)
+    for line in validation_lines(read_metrics(rd.RunDir.open(args.run_dir) / rd.METRICS)):
+        print(f"validation: {line}")
     print(f"report written to {path}")
     return 0

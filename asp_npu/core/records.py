@@ -79,6 +79,7 @@ class Arrival:
     versions: tuple[int, ...]  # weights versions its samples started with
     lens: tuple[int, ...]  # response length of every sample
     prompt_len: int
+    filtered: bool = False  # DAPO dynamic sampling discarded it (equal rewards): consumed, not trained
 
     @property
     def key(self) -> GroupKey:

@@ -8,8 +8,11 @@ injected `clock`). The lag rule lives in `asp_npu.core.staleness`; this class ke
 Life of a group: `capacity(version)` > 0 -> `admit(group, version)` (generation starts with weights
 `version`) -> `put(group)` when all its samples finished -> handed out by `get()` inside a minibatch
 of `minibatch_groups` whole groups, oldest deadline first. `cancel(group)` returns an admitted group
-whose instance died (it may be admitted again later). `snapshot()`/`restore()` carry the queued groups and
-the consumed count across a checkpoint (groups still in flight are not carried: they are generated again).
+whose instance died (it may be admitted again later). `discard(group)` (DAPO dynamic sampling) takes a
+finished group that carries no signal: it is consumed without training -- its ledger place is freed for
+a replacement and it is never handed out; `filtered` counts them. `snapshot()`/`restore()` carry the
+queued groups and the consumed count across a checkpoint (groups still in flight are not carried: they
+are generated again).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class TrainQueue:
         self.order = order
         self._clock = clock or time.monotonic
         self.consumed = 0  # groups handed out so far
+        self.filtered = 0  # finished groups discarded by dynamic sampling (never handed out)
         self._outstanding: dict[int, int] = {}  # deadline step -> admitted, not consumed
         self._in_flight: dict[Hashable, tuple[int, float]] = {}  # group -> (version, t_admit)
         self._oldest: dict[Hashable, int] = {}  # in-flight group -> oldest token's version (if older)
@@ -208,6 +212,16 @@ class TrainQueue:
         self._oldest.pop(group_id, None)
         self._drop_outstanding(d)
         self._record(self._now(now))
+
+    def discard(self, group_id: Hashable, now: float | None = None) -> None:
+        """An admitted group finished with no signal (DAPO dynamic sampling): consumed without training.
+
+        It leaves the ledger as a cancelled one does (a replacement may take its place), but it is
+        counted in `filtered` and must not be admitted again."""
+        if group_id not in self._in_flight:
+            raise KeyError(f"group {group_id!r} was not admitted (or was already put)")
+        self.cancel(group_id, now)
+        self.filtered += 1
 
     def _drop_outstanding(self, d: int) -> None:
         self._outstanding[d] -= 1
@@ -321,6 +335,7 @@ class TrainQueue:
             "lag_mean": sum(s.lags) / len(s.lags) if s.lags else 0.0,
             "lag_max": float(max(s.lags)) if s.lags else 0.0,
             "consumed_groups": float(self.consumed),
+            "filtered_groups": float(self.filtered),
             "refused_handouts": float(s.refused_handouts),
         }
         if len(s.t) >= 2:

@@ -88,6 +88,29 @@ class WindowPlanner:
         return u
 
 
+def replacement_shortfall(target: int, planned: int, filtered: int) -> int:
+    """Groups still to plan so that `target` groups get trained (DAPO dynamic sampling): each group
+    filtered after it was planned is replaced by the next prompt of the data order. <= 0: none."""
+    return target - (planned - filtered)
+
+
+@dataclass
+class GroupSupply:
+    """Groups planned and groups DAPO dynamic sampling filtered so far (a resumed run: restored)."""
+
+    planned: int = 0
+    filtered: int = 0
+
+    def shortfall(self, target: int) -> int:
+        return replacement_shortfall(target, self.planned, self.filtered)
+
+    def metrics(self, trained: int, samples: int) -> dict[str, float]:
+        """One step's metrics (`trained`: groups trained so far, `samples`: this step's samples)."""
+        return {"dynamic_sampling/filtered_groups": self.filtered,
+                "dynamic_sampling/minibatch_samples": samples,
+                "dynamic_sampling/filtered_fraction": self.filtered / max(1, self.filtered + trained)}
+
+
 def window_stream(prompts: list[PromptItem], window: int, seed: int) -> Callable[[int], list[PromptItem]]:
     """Window w's prompts: epochs are seeded permutations of the dataset, cut into consecutive windows.
 

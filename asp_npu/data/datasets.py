@@ -20,6 +20,9 @@ from asp_npu.types import PromptItem
 from asp_npu.validation import check_int
 
 LAYOUTS = ("auto", "verl", "mindspeed")
+SYNTHETIC_PROMPTS = 256  # the synthetic task's size when data.num_prompts is 0
+SYNTHETIC_VAL_PROMPTS = 32  # held-out synthetic prompts for validation when data.val_num_prompts is 0
+VAL_SEED_OFFSET = 7919  # held-out synthetic prompts come from another seed than the training ones
 MINDSPEED_CANDIDATES = {
     "prompt": ("problem", "question", "prompt", "instruction"),
     "response": ("answer", "solution", "response", "output"),
@@ -183,7 +186,8 @@ def load_dataset(
 def load_prompts(
     data_path: str, task: str, num_prompts: int, seed: int, length_dist: str = "", **kwargs: Any
 ) -> list[PromptItem]:
-    """The config's `data` section: a dataset file if given, else the synthetic task.
+    """The config's `data` section: a dataset file if given (every row; `num_prompts` > 0 truncates),
+    else the synthetic task (`num_prompts` prompts, SYNTHETIC_PROMPTS when 0).
 
     `length_dist` (synthetic tasks only) is a `parse_length_dist` spec for the answer lengths, e.g.
     `lognormal:median=6,sigma=1.4,max=160`; empty = the task's default distribution.
@@ -192,7 +196,12 @@ def load_prompts(
         return load_dataset(data_path, limit=num_prompts or None, **kwargs)
     from asp_npu.data.tasks import make_prompts, parse_length_dist
 
-    return make_prompts(task, num_prompts, seed, parse_length_dist(length_dist) if length_dist else None)
+    return make_prompts(task, num_prompts or SYNTHETIC_PROMPTS, seed,
+                        parse_length_dist(length_dist) if length_dist else None)
+
+
+def _file_keys(data: Any) -> dict[str, Any]:
+    return {"layout": data.layout, "map_keys": dict(data.map_keys) or None, "prompt_key": data.prompt_key}
 
 
 def config_prompts(data: Any) -> list[PromptItem]:
@@ -200,10 +209,34 @@ def config_prompts(data: Any) -> list[PromptItem]:
     section's prompt template (`prompt_type` / `chat_template`) for `encode_prompt`."""
     from asp_npu.data.templates import prompt_setting
 
-    items = load_prompts(data.data_path, data.task, data.num_prompts, data.seed, data.length_dist)
+    items = load_prompts(data.data_path, data.task, data.num_prompts, data.seed, data.length_dist,
+                         **(_file_keys(data) if data.data_path else {}))
     setting = prompt_setting(data.prompt_type, data.chat_template)
     for item in items if setting else []:
         item.meta.update(setting)
+    return items
+
+
+def config_val_prompts(data: Any) -> list[PromptItem]:
+    """The held-out set validation scores: `data.val_files` (verl), else synthetic prompts of the task
+    drawn with another seed. Ids are prefixed `val-` so they never collide with training groups."""
+    from asp_npu.data.templates import prompt_setting
+
+    if data.val_files:
+        items = load_dataset(data.val_files, limit=data.val_num_prompts or None, **_file_keys(data))
+    else:
+        from asp_npu.data.tasks import make_prompts, parse_length_dist
+
+        dist = parse_length_dist(data.length_dist) if data.length_dist else None
+        items = make_prompts(data.task, data.val_num_prompts or SYNTHETIC_VAL_PROMPTS,
+                             data.seed + VAL_SEED_OFFSET, dist)
+    setting = prompt_setting(data.prompt_type, data.chat_template)
+    for it in items:
+        it.meta.update(setting)
+        it.prompt_id = f"val-{it.prompt_id}"
+        it.meta.setdefault("data_source", "")
+        if not it.meta["data_source"]:
+            it.meta["data_source"] = data.task if not data.val_files else Path(data.val_files).stem
     return items
 
 

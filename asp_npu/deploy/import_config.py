@@ -212,7 +212,6 @@ _TRAINING_REASONS = {
             "reset_attention_mask",
             "is_instruction_dataset",
             "prompt_type",
-            "map_keys",
         ),
         _DATA,
     ),
@@ -271,11 +270,7 @@ _RL_REASONS = {
     ),
     **dict.fromkeys(
         (
-            "use_wandb",
-            "wandb_project",
-            "wandb_exp_name",
             "wandb_save_dir",
-            "use_swanlab",
             "log_max_throughput",
         ),
         _LOG,
@@ -288,12 +283,9 @@ _RL_REASONS = {
         _REWARD,
     ),
     **dict.fromkeys(
-        ("overlong_buffer_enable", "overlong_buffer", "overlong_buffer_penalty_factor"),
-        "DAPO overlong reward shaping is not in asp-npu: rewards come from the task's reward function only",
-    ),
-    **dict.fromkeys(
-        ("filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"),
-        "asp-npu's dynamic sampling (drop_equal_reward_groups) drops groups whose rewards are all equal",
+        ("filter_groups_metric", "filter_groups_train_batch_size"),
+        "asp-npu's dynamic sampling (drop_equal_reward_groups) filters groups whose final rewards are all "
+        "equal and refills every minibatch to mini_batch_size",
     ),
     "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
     "cliprange_value": "value clipping needs a critic; PPO with a critic is not supported",
@@ -487,6 +479,8 @@ def _refusal(ms: dict[str, Any]) -> str | None:
 
 _TRAINING_SECTIONS = ("megatron_training", "actor_config")
 _RL_SAME_NAME = ("n_samples_per_prompt", "adv_estimator", "kl_penalty", "max_prompt_length")
+_DAPO_SAME_NAME = ("overlong_buffer_enable", "overlong_buffer", "overlong_buffer_penalty_factor",
+                   "filter_groups_max_batches")
 _SAMPLING_SAME_NAME = ("temperature", "top_p", "max_tokens")
 _GEN_SAME_NAME = ("infer_tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
                   "gpu_memory_utilization", "max_model_len", "enforce_eager")
@@ -529,6 +523,8 @@ def _training_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, 
                             "prefix; point it at the JSONL/Parquet file you preprocessed")
     elif leaf == "prompt_type":  # MindSpeed-RL formats every prompt with this template
         tr.set(key, "data.prompt_type", str(value))
+    elif leaf == "map_keys" and isinstance(value, dict):  # MindSpeed-RL's raw dataset columns
+        tr.set(key, "data.map_keys", {str(k): str(v or "") for k, v in value.items()})
     elif leaf in _LAYOUT_KEYS:
         pass  # `_layout_keys`, once the parallel sizes and the model are known
     elif leaf == "seed":
@@ -583,6 +579,10 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
         tr.set(key, key, _as_float(key, value))
     elif key == "rl_config.filter_groups_enable":
         tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
+    elif leaf in _DAPO_SAME_NAME:
+        tr.set(key, f"rl_config.{leaf}", value)
+    elif leaf in ("use_wandb", "use_swanlab", "wandb_project", "wandb_exp_name"):
+        _logger_key(ms, tr, key, value)
     elif leaf == "num_npus":
         found.num_npus = _as_int(key, value)
         tr.mapped.append(key)
@@ -600,7 +600,7 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
     elif leaf in _REWARD_KEYS:
         _reward_key(tr, key, value)
     elif key == "rl_config.use_tensorboard":
-        tr.set(key, "trainer.logger", ["console", "jsonl", "tensorboard"] if value else ["console", "jsonl"])
+        _logger_key(ms, tr, key, value)
     else:
         return False
     return True
@@ -668,6 +668,20 @@ def translate_verl_reward(cfg: dict[str, Any]) -> Translation:
     if rm.get("enable"):
         tr.skip("reward_model.enable", "reward models are not supported: asp-npu scores with rule verifiers")
     return tr
+
+
+def _logger_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> None:
+    """MindSpeed-RL's use_tensorboard / use_wandb / use_swanlab add or remove a logger; wandb_project /
+    wandb_exp_name name the run."""
+    leaf = key.split(".")[-1]
+    if leaf == "wandb_project":
+        tr.set(key, "trainer.project_name", str(value))
+    elif leaf == "wandb_exp_name":
+        tr.set(key, "trainer.experiment_name", str(value))
+    else:
+        loggers = tr.out.get("trainer", {}).get("logger") or ["console", "jsonl", "tensorboard"]
+        name = leaf[len("use_"):]
+        tr.set(key, "trainer.logger", [*[x for x in loggers if x != name], *([name] * bool(value))])
 
 
 def _mini_batch(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> None:

@@ -1,16 +1,21 @@
-"""Per-step training metrics: one console progress line, a JSONL file and TensorBoard events.
+"""Per-step training metrics: one console progress line, a JSONL file, TensorBoard events, wandb, swanlab.
 
 Metric names follow MindSpeed-RL / verl so dashboards users already have keep working
 (`timing/rollout`, `timing/update`, `e2e_tps`, `vllm_tps`, `response_length/mean`,
 `trainer/idle_ratio`, `rollouter/idle_ratio`) plus the asynchronous pipeline's own
 (`async/lag_mean`, `async/lag_max`, `queue/occupancy`, `bubbles/*`, `reward/mean`).
 TensorBoard events are written with tensorboard's own event writer, so logging never imports torch.
+wandb and swanlab (`trainer.logger`, as verl names them) log under `trainer.project_name` /
+`experiment_name` into the run directory; with no API key in the environment and no mode set they run
+offline (`WANDB_MODE=offline`, swanlab `mode="offline"`), so a run never needs the network: sync later
+with `wandb sync` / `swanlab sync`. `WANDB_MODE` / `SWANLAB_MODE` set by the user win.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -92,6 +97,52 @@ class _TensorBoard:
         self._writer.close()
 
 
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")
+
+
+def _mode(env: str, key_env: str) -> str | None:
+    """The user's mode, else offline when no API key is configured (never reach for the network)."""
+    if os.environ.get(env):
+        return os.environ[env]
+    return None if os.environ.get(key_env) else "offline"
+
+
+class _WandB:
+    """Scalars to a wandb run (offline unless configured otherwise)."""
+
+    def __init__(self, folder: Path, project: str, name: str, config: dict[str, Any] | None) -> None:
+        import wandb
+
+        folder.mkdir(parents=True, exist_ok=True)
+        mode = _mode("WANDB_MODE", "WANDB_API_KEY")
+        self._run = wandb.init(project=project, name=name, dir=str(folder), config=config or {},
+                               mode=mode, reinit="create_new")  # type: ignore[arg-type]
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class _SwanLab:
+    """Scalars to a swanlab experiment (offline unless configured otherwise)."""
+
+    def __init__(self, folder: Path, project: str, name: str, config: dict[str, Any] | None) -> None:
+        import swanlab  # type: ignore[import-untyped]
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._lab = swanlab
+        self._run = swanlab.init(project=project, experiment_name=name, logdir=str(folder),
+                                 mode=_mode("SWANLAB_MODE", "SWANLAB_API_KEY"), config=config or {})
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._lab.finish()
+
+
 def progress_line(step: int, total: int, metrics: dict[str, Any], max_lag: int | None = None) -> str:
     """`[####......] step 3/10 | reward 0.412 | 1,234 tok/s | lag 0.50 (max 1/1) | queue 16 | 12.3s`."""
     width = 20
@@ -113,7 +164,8 @@ def progress_line(step: int, total: int, metrics: dict[str, Any], max_lag: int |
 
 
 class MetricsLogger:
-    """Write each step's metrics to the configured sinks: `console`, `jsonl`, `tensorboard`.
+    """Write each step's metrics to the configured sinks: `console`, `jsonl`, `tensorboard`, `wandb`,
+    `swanlab` (`project` / `experiment` name the last two's run; `config` is recorded with it).
 
     `log` is called once per trainer step; JSONL lines are flushed at once so a crashed run still
     has its curve, and `asp-npu report` can redraw from `metrics.jsonl` alone.
@@ -128,10 +180,13 @@ class MetricsLogger:
         stream: TextIO | None = None,
         prefix: str = "",
         append: bool = False,
+        project: str = "asp-npu",
+        experiment: str = "",
+        config: dict[str, Any] | None = None,
     ) -> None:
-        unknown = sorted(set(loggers) - {"console", "jsonl", "tensorboard"})
+        unknown = sorted(set(loggers) - set(LOGGERS))
         if unknown:
-            raise ValueError(f"unknown logger(s) {unknown}; use console, jsonl, tensorboard")
+            raise ValueError(f"unknown logger(s) {unknown}; use {', '.join(LOGGERS)}")
         self.total_steps = total_steps
         self.max_lag = max_lag
         self.prefix = prefix
@@ -139,6 +194,7 @@ class MetricsLogger:
         self._console = "console" in loggers
         self._jsonl: TextIO | None = None
         self._tb: _TensorBoard | None = None
+        self._remote: list[_WandB | _SwanLab] = []
         self.history: list[dict[str, Any]] = []
         if run_dir is not None:
             folder = Path(run_dir)
@@ -149,6 +205,11 @@ class MetricsLogger:
                 self._jsonl = open(path, mode, encoding="utf-8")  # noqa: SIM115
             if "tensorboard" in loggers:
                 self._tb = _TensorBoard(folder / "tensorboard")
+            name = experiment or folder.resolve().name
+            if "wandb" in loggers:
+                self._remote.append(_WandB(folder, project, name, config))
+            if "swanlab" in loggers:
+                self._remote.append(_SwanLab(folder / "swanlog", project, name, config))
 
     def log(self, step: int, metrics: dict[str, Any], console: bool = True) -> None:
         """One row to every sink; `console=False` keeps a summary row off the progress line."""
@@ -158,8 +219,10 @@ class MetricsLogger:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(row, default=float, allow_nan=True) + "\n")
             self._jsonl.flush()
+        scalars = {k: v for k, v in ((k, _finite(v)) for k, v in metrics.items()) if v is not None}
+        for sink in self._remote:
+            sink.add(step, scalars)
         if self._tb is not None:
-            scalars = {k: v for k, v in ((k, _finite(v)) for k, v in metrics.items()) if v is not None}
             self._tb.add(step, scalars, now)
             for k, v in metrics.items():
                 if isinstance(v, dict) and v and all(_finite(c) is not None for c in v.values()):
@@ -175,6 +238,9 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for sink in self._remote:
+            sink.close()
+        self._remote = []
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -1,5 +1,9 @@
 """The one-page run report (PNG): reward curve, throughput, queue occupancy, lag histogram, bubbles.
 
+With validation (`trainer.test_freq`), the reward panel also draws each data source's held-out reward
+(`val/reward/<source>`, dashed) and `validation_lines` gives the per-source table `asp-npu report`
+prints (reward and accuracy at each validated step).
+
 Drawn only from files in the run directory (metrics.jsonl, queue.jsonl, samples.jsonl,
 summary.json), so `asp-npu report RUN_DIR` redraws it after the run, on any machine.
 """
@@ -89,10 +93,35 @@ def token_lags(samples: list[dict[str, Any]]) -> Counter[int]:
     return out
 
 
+VAL_REWARD, VAL_ACC = "val/reward/", "val/acc/"
+
+
+def validation_sources(rows: list[dict[str, Any]]) -> list[str]:
+    """Data sources with a validation reward in the metrics (`all` last)."""
+    names = {k[len(VAL_REWARD):] for r in rows for k in r if k.startswith(VAL_REWARD)}
+    return sorted(names - {"all"}) + (["all"] if "all" in names else [])
+
+
+def validation_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per validated step and data source: `step 3  gsm8k  reward 0.412  acc 0.375`."""
+    out = []
+    for r in rows:
+        for name in validation_sources([r]):
+            acc = r.get(VAL_ACC + name)
+            line = f"step {int(r['step'])}  {name}  reward {float(r[VAL_REWARD + name]):.3f}"
+            out.append(line + (f"  acc {float(acc):.3f}" if isinstance(acc, int | float) else ""))
+    return out
+
+
 def _reward_panel(ax: Any, rows: list[dict]) -> None:
     xs, ys = _series(rows, REWARD_MEAN)
-    ax.plot(xs, ys, marker="o", ms=3)
+    ax.plot(xs, ys, marker="o", ms=3, label="training")
+    for name in validation_sources(rows):
+        vx, vy = _series(rows, VAL_REWARD + name)
+        ax.plot(vx, vy, ls="--", marker="s", ms=4, label=f"validation: {name}")
     ax.set(title="reward (mean per trainer step)", xlabel="trainer step", ylabel="reward")
+    if validation_sources(rows):
+        ax.legend(fontsize=8)
 
 
 def _throughput_panel(ax: Any, rows: list[dict], summary: dict) -> None:

@@ -12,6 +12,7 @@ steps (`weights.py`), no global stop.
 
 `mindspeed-sync` alternates instead: generate the whole window, pause engines, train every step,
 resume + refresh. Output: the run directory (`recorder.py`); checkpoints and resume: `resume.py`.
+DAPO dynamic sampling: groups the queue actor filtered are replaced by more prompts (`plan_window`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from asp_npu.core.feed import make_feed
 from asp_npu.core.modes import mode_spec
 from asp_npu.core.policy import DispatchPolicy, Ports
 from asp_npu.core.records import Arrival, Minibatch, Unit
-from asp_npu.core.window import WindowPlanner, window_stream
+from asp_npu.core.window import GroupSupply, WindowPlanner, window_stream
 from asp_npu.errors import UserError
 from asp_npu.pipeline import resume
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
+from asp_npu.pipeline.validation import Validator
 from asp_npu.predict.factory import make_predictor
 from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
@@ -54,6 +56,7 @@ class Controller:
         self.cfg, self.run_dir, self.prompts = cfg, run, prompts
         self.mode = mode_spec(rl.mode, cfg.generate_config.admission)
         self.fleet = Fleet(cfg, kind, self.mode)
+        self.validator = Validator(cfg, self.fleet, lambda r: self.recorder.metrics.log(self.step, r, False))
         self.shape = sh = self.fleet.shape
         self.recorder = Recorder(cfg, run, sh, label, console)
         feed = make_feed(self.mode.dispatch, sh.instances, sh.version_groups)
@@ -74,6 +77,7 @@ class Controller:
         self.resumed_pending: int | None = None  # groups a resumed window still needs generated
         self.weights: WeightSync | None = None
         self.arrivals_seen = 0
+        self.supply = GroupSupply()  # groups planned / filtered by DAPO dynamic sampling
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
         self.supervisor = Supervisor(self)
@@ -119,11 +123,15 @@ class Controller:
         return len(ids if ids is not None else encode_prompt(item, self._tok()))
 
     def plan_window(self) -> bool:
-        """Predict, plan and feed the next window's units; False when every window is planned."""
-        if self.next_window >= self.shape.iterations:
+        """Predict, plan and feed the next window's units while the groups planned minus those filtered
+        fall short of the run's (colocated: the iteration's) groups; cut to the shortfall. False: none."""
+        sh = self.shape
+        windows = self.step // sh.steps_per_window + 1 if self.mode.colocated else sh.iterations
+        short = self.supply.shortfall(windows * sh.window)
+        if short <= 0:
             return False
         self.next_window += 1
-        self.plan_items(self.next_window - 1, self.window_items(self.next_window - 1))
+        self.plan_items(self.next_window - 1, self.window_items(self.next_window - 1)[:short])
         return True
 
     def plan_items(self, w: int, items: list[PromptItem]) -> None:
@@ -136,6 +144,7 @@ class Controller:
         self.plan_summaries[w] = dict(wp.plan.summary)
         self.policy.add_window(wp.units)
         self.fleet.add_prompts(items)
+        self.supply.planned += len(items)
 
     def _ledger_version(self, weights_step: int) -> int:
         """The lag ledger's version of weights after `weights_step` trainer steps (counted from `base`)."""
@@ -151,9 +160,9 @@ class Controller:
         def blocked(i: int, on: bool) -> None:
             self.recorder.instances[i].set_blocked(now, on)
 
-        # asynchronous modes plan the next window when work runs dry; a colocated one plans per window
-        plan_next = (lambda: False) if self.mode.colocated else self.plan_window
-        self.policy.dispatch(Ports(admit, self.fleet.submit, blocked, plan_next))
+        # work runs dry: an asynchronous mode plans its next window, a colocated one only replacements
+        # of filtered groups (it plans each iteration's window itself)
+        self.policy.dispatch(Ports(admit, self.fleet.submit, blocked, self.plan_window))
 
     def _wait_events(self, timeout: float) -> list[Arrival]:
         """Block until a group arrives, a weight load ends or the trainer wakes the queue (or `timeout`);
@@ -165,6 +174,7 @@ class Controller:
         self.recorder.arrived_tokens += sum(r.tokens for r in rows)
         self.supervisor.failed(failures)
         for r in rows:
+            self.supply.filtered += r.filtered
             self.policy.arrived(r.group)
             self.supervisor.arrived(r.instance, r.t)
             key = r.key
@@ -198,10 +208,15 @@ class Controller:
                  ) -> dict[str, Any]:
         row = self.recorder.step(mb, out, t0, t1, waited_s, self.step, self.base)
         self.step += 1
+        if self.cfg.rl_config.drop_equal_reward_groups:
+            row.update(self.supply.metrics(self.step * self.shape.minibatch_groups, len(mb.trajectories)))
         return row
 
     def _log_and_save(self, row: dict[str, Any]) -> None:
         self.recorder.log(self.step, row)
+        if self.validator.mark(self.step, self.shape.total_steps) and not self.mode.colocated:
+            assert self.weights is not None  # a colocated run's engines sleep now: it validates on waking
+            self.validator.run(self.weights.held)
         f = self.cfg.trainer.save_freq
         if f > 0 and self.step - self.saved >= f and self.step < self.shape.total_steps:
             resume.save(self, "save_freq")
@@ -210,6 +225,12 @@ class Controller:
     def run(self) -> dict[str, Any]:
         self.recorder.start(time.time(), self.step, self.weights)
         (self._run_sync if self.mode.colocated else self._run_async)()
+        if self.validator.due:  # a colocated run's last validation: wake the engines with the last weights
+            assert self.weights is not None
+            self._publish()
+            self.fleet.resume()
+            refresh_all_and_wait(self.weights, self.recorder.refreshed)
+            self.validator.run(self.weights.held)
         t_end = time.time()
         self.supervisor.settle()
         if self.cfg.trainer.save_freq >= 0:
@@ -218,6 +239,7 @@ class Controller:
         labels = {u.uid: f"w{u.window}/u{u.uid}" for u in self.policy.units.values()}
         planned = {"planned_groups": len(self.policy.group_unit), "windows": self.plan_summaries,
                    "consumed_group_ids": resume.consumed_ids(self),
+                   "filtered_group_ids": resume.filtered_ids(self),
                    "planned_samples": self.policy.planned_samples(), "failures": self.supervisor.summary()}
         summary = self.recorder.finish(stats, self.fleet.series(), t_end, self.step, labels,
                                        self.fleet.placement_summary(), planned)
@@ -267,9 +289,14 @@ class Controller:
             self.recorder.end_lent(t_gen)
             self.fleet.resume()  # wake up: resume engines, load the newest weights everywhere, then generate
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
-            resumed = self.resumed_pending
-            need = resumed if resumed is not None else sh.window * self.plan_window()
+            if self.validator.due:
+                self.validator.run(self.weights.held)
+            if self.resumed_pending is None:
+                self.plan_window()
             self.resumed_pending = None
+            # trained groups this iteration still needs (a resumed one has some queued already)
+            left = sh.steps_per_window - self.step % sh.steps_per_window
+            need = left * sh.minibatch_groups - int(self.fleet.queue_state()["queued"])
             got, last_progress = 0, time.time()
             while got < need:
                 if self.stop_signal:
@@ -277,7 +304,7 @@ class Controller:
                 self.dispatch()
                 rows = self._wait_events(WAIT_S)
                 if rows:
-                    got += len(rows)
+                    got += sum(not r.filtered for r in rows)
                     last_progress = time.time()
                 self.supervisor.progress_guard(last_progress)
             t_pause = time.time()

@@ -17,6 +17,7 @@ from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
 from asp_npu.core.staleness import token_lag_bound
+from asp_npu.data.shaping import dapo_shaping
 from asp_npu.device import spec
 from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_log
 from asp_npu.pipeline.placement import ClusterPlacement
@@ -112,7 +113,8 @@ class Fleet:
         rl = self.cfg.rl_config
         self.queue = make_queue_actor(sh.minibatch_groups, sh.version_groups, sh.max_lag, sh.group_size,
                                       self.mode.queue_order, sh.steps_per_version,
-                                      token_lag_bound(rl.partial_rollout, rl.max_token_lag, sh.max_lag))
+                                      token_lag_bound(rl.partial_rollout, rl.max_token_lag, sh.max_lag),
+                                      dapo_shaping(self.cfg, sh.window, sh.iterations))
         self.cluster.create()
         settings, sampling = self._launch = self._engine_settings()
         self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,

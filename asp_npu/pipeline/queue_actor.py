@@ -10,6 +10,11 @@ Group ids are the instance-level prompt ids (`str(GroupKey)`: `<prompt_id>@<epoc
 run. Messages to the driver are `asp_npu.core.records.Arrival` and `Minibatch`. The actor keeps the
 ledger of consumed group ids (handout order); `snapshot`/`restore` carry it and the queued groups
 (payloads: trajectories with versions and behaviour logprobs) across a checkpoint.
+
+DAPO (`asp_npu.data.shaping`): a put group's rewards get the overlong penalty first; then, with dynamic
+sampling, a group whose rewards are all equal is discarded (consumed without training, its id in the
+`filtered_ids` ledger, its arrival marked `filtered`) while the run's filter budget lasts, so the
+controller plans replacement prompts and every minibatch stays whole.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from asp_npu.core.records import Arrival, Minibatch
 from asp_npu.core.staleness import reconcile_stamp
 from asp_npu.core.train_queue import QueuedGroup, TrainQueue
+from asp_npu.data.shaping import DapoShaping, equal_rewards, shaped_rewards
 from asp_npu.types import Trajectory
 
 WARMUP_PREFIX = "__warmup__"
@@ -31,8 +37,10 @@ class QueueService:
 
     def __init__(
         self, minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo",
-        steps_per_version: int = 1, max_token_lag: int | None = None,
+        steps_per_version: int = 1, max_token_lag: int | None = None, shaping: DapoShaping | None = None,
     ) -> None:
+        self.shaping = shaping or DapoShaping()
+        self.filtered_ids: list[str] = []  # groups discarded by dynamic sampling, in arrival order
         self.queue = TrainQueue(minibatch_groups, version_groups, max_lag, order=order, clock=time.time,
                                 max_token_lag=max_token_lag)
         self.group_size = group_size
@@ -140,13 +148,27 @@ class QueueService:
         del self.owner[gid]
         self._reconcile(gid, group)
         tokens = sum(x.response_len for x in group)
-        self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
+        filtered = self._shape(group)
+        if filtered:
+            self.queue.discard(gid)
+            self.filtered_ids.append(gid)
+        else:
+            self.queue.put(gid, samples=len(group), tokens=tokens, payload=group)
         self.arrivals.append(Arrival(
             gid, time.time(), t.instance, len(group), tokens,
             tuple(sorted({x.policy_version for x in group})), tuple(x.response_len for x in group),
-            len(t.prompt_token_ids)))
+            len(t.prompt_token_ids), filtered))
         self._notify()
         return len(self.arrivals)
+
+    def _shape(self, group: list[Trajectory]) -> bool:
+        """Add the overlong penalty to the group's rewards; True when dynamic sampling filters it."""
+        s = self.shaping
+        for x, r in zip(group, shaped_rewards([x.reward for x in group], [x.response_len for x in group], s),
+                        strict=True):
+            x.reward = r
+        within = s.filter_budget is None or self.queue.filtered < s.filter_budget
+        return s.filter_groups and within and equal_rewards([x.reward for x in group])
 
     async def get_batch(self, timeout: float = 0.0, take: int | None = None) -> Minibatch | None:
         """A complete minibatch of whole groups within the lag bound, waiting up to `timeout` seconds."""
@@ -194,18 +216,23 @@ class QueueService:
         """What a checkpoint carries: the consumed-id ledger and the queued groups (in handout order);
         groups in flight are not carried (a resumed run generates them again)."""
         consumed, queued = self.queue.snapshot()
-        return {"consumed": consumed, "consumed_ids": list(self.consumed_ids), "queued": queued}
+        return {"consumed": consumed, "consumed_ids": list(self.consumed_ids), "queued": queued,
+                "filtered_ids": list(self.filtered_ids)}
 
-    async def restore(self, consumed: int, consumed_ids: list[str], queued: list[QueuedGroup]) -> int:
+    async def restore(self, consumed: int, consumed_ids: list[str], queued: list[QueuedGroup],
+                      filtered_ids: tuple[str, ...] | list[str] = ()) -> int:
         """Take a checkpoint's queue back (before any admission); returns the groups queued."""
         self.queue.restore(consumed, queued, time.time())
         self.consumed_ids = list(consumed_ids)
+        self.filtered_ids = list(filtered_ids)
+        self.queue.filtered = len(self.filtered_ids)
         self._notify()
         return self.queue.n_queued
 
     async def state(self) -> dict[str, Any]:
         q = self.queue
         return {"queued": q.n_queued, "in_flight": q.n_in_flight, "consumed": q.consumed,
+                "filtered": q.filtered,
                 "trainer_step": q.trainer_step, "arrivals": len(self.arrivals),
                 "failures": len(self.failures), "stale_puts": self.stale_puts,
                 "restamps": dict(self.restamps)}
@@ -221,7 +248,7 @@ class QueueService:
 
 def make_queue_actor(
     minibatch_groups: int, version_groups: int, max_lag: int, group_size: int, order: str = "fifo",
-    steps_per_version: int = 1, max_token_lag: int | None = None,
+    steps_per_version: int = 1, max_token_lag: int | None = None, shaping: DapoShaping | None = None,
 ) -> Any:
     """Start the queue actor (Ray must be initialised); it takes no CPU slot of the instances/trainer.
     It lives on the driver's node: a zero-CPU actor would otherwise go to any node of a joined cluster,
@@ -233,4 +260,4 @@ def make_queue_actor(
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     cls = ray.remote(QueueService).options(num_cpus=0, max_concurrency=1000, scheduling_strategy=here)
     return cls.remote(minibatch_groups, version_groups, max_lag, group_size, order, steps_per_version,
-                      max_token_lag)
+                      max_token_lag, shaping)

@@ -60,7 +60,8 @@ class Recorder:
         self._log: IO[str] | None = open(run / RUN_LOG, mode, encoding="utf-8")  # noqa: SIM115
         self.metrics = M.MetricsLogger(run.path, loggers, total_steps=shape.total_steps,
                                        max_lag=shape.max_lag, prefix=f"[{label}] " if label else "",
-                                       append=run.continuing)
+                                       append=run.continuing, project=cfg.trainer.project_name,
+                                       experiment=cfg.trainer.experiment_name)
 
     def start(self, t: float, version: int, weights: Any = None) -> None:
         """The clock starts; `weights` (the run's WeightSync) says which path the weights travel."""

@@ -71,6 +71,7 @@ class PipelineState:
     predictor: dict[str, Any] | None
     probe: tuple[list[str], list[int], list[float]] = field(default_factory=lambda: ([], [], []))
     schema: str = SCHEMA
+    filtered_ids: tuple[str, ...] = ()  # DAPO dynamic sampling: finished, consumed without training
 
 
 def checkpoint_root(ctrl: Any) -> Path:
@@ -91,12 +92,13 @@ def _probe(ctrl: Any) -> tuple[list[str], list[int], list[float]]:
 def capture(ctrl: Any) -> PipelineState:
     """The pipeline's state between two trainer steps (no handout outstanding)."""
     snap = get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
-    done = set(snap["consumed_ids"]) | {str(g.group_id) for g in snap["queued"]}
+    done = set(snap["consumed_ids"]) | {str(g.group_id) for g in snap["queued"]} | set(snap["filtered_ids"])
     pol = ctrl.policy
     pending = [(pol.units[uid].window, str(g)) for g, uid in pol.group_unit.items() if str(g) not in done]
     pred = ctrl.predictor.state_dict() if hasattr(ctrl.predictor, "state_dict") else None
     return PipelineState(ctrl.step, ctrl.base, ctrl.next_window, snap["consumed"], snap["consumed_ids"],
-                         snap["queued"], pending, pred, _probe(ctrl))
+                         snap["queued"], pending, pred, _probe(ctrl),
+                         filtered_ids=tuple(snap["filtered_ids"]))
 
 
 def save(ctrl: Any, reason: str) -> Path:
@@ -142,10 +144,13 @@ def restore(ctrl: Any, load: str) -> None:
     get(ctrl.fleet.queue.set_base.remote(ctrl.base), CALL_S, "the TrainQueue actor", "set_base")
     if state is None:
         ctrl.next_window = ctrl.step // ctrl.shape.steps_per_window
+        ctrl.supply.planned = ctrl.next_window * ctrl.shape.window
         return
     ctrl.next_window = state.next_window
-    get(ctrl.fleet.queue.restore.remote(state.consumed, state.consumed_ids, state.queued), CALL_S,
-        "the TrainQueue actor", "restore")
+    get(ctrl.fleet.queue.restore.remote(state.consumed, state.consumed_ids, state.queued,
+                                        state.filtered_ids), CALL_S, "the TrainQueue actor", "restore")
+    ctrl.supply.filtered = len(state.filtered_ids)
+    ctrl.supply.planned = len(state.consumed_ids) + len(state.queued) + len(state.filtered_ids)
     if state.predictor is not None and hasattr(ctrl.predictor, "load_state_dict"):
         ctrl.predictor.load_state_dict(state.predictor)
     ids, plens, before = state.probe
@@ -168,6 +173,12 @@ def consumed_ids(ctrl: Any) -> list[str]:
     """The run's ledger of consumed group ids (a resumed run's includes those before the resume)."""
     return list(get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
                 ["consumed_ids"])
+
+
+def filtered_ids(ctrl: Any) -> list[str]:
+    """Group ids DAPO dynamic sampling consumed without training (a resumed run's included)."""
+    return list(get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
+                ["filtered_ids"])
 
 
 def trainer_failure(exc: BaseException) -> ActorFailure | None:

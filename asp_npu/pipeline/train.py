@@ -66,10 +66,13 @@ def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
 
 
 def load_run_prompts(cfg: Config) -> list[Any]:
-    """The run's prompts (data section); none at all is a UserError, raised before the instances start."""
-    from asp_npu.data.datasets import config_prompts
+    """The run's prompts (data section); none at all is a UserError, raised before the instances start
+    (as is a bad held-out set for validation)."""
+    from asp_npu.data.datasets import config_prompts, config_val_prompts
 
     prompts = config_prompts(cfg.data)
+    if cfg.trainer.test_freq > 0:
+        config_val_prompts(cfg.data)
     if not prompts:
         data = cfg.data
         where = f"data.data_path '{data.data_path}'" if data.data_path else f"data.task '{data.task}'"

@@ -175,6 +175,13 @@ class RolloutInstance:
         self._notify()
         return len(self._queue)
 
+    async def generate_items(self, items: Iterable[PromptItem],
+                             sampling: SamplingSettings) -> list[Trajectory]:
+        """Generate `items` now, beside the planned work and outside the TrainQueue (validation on a
+        held-out set): every sample of every item, scored by the engine's reward function."""
+        groups = await asyncio.gather(*(self.engine.generate(it, sampling) for it in items))
+        return [t for g in groups for t in g]
+
     async def run_plan(
         self,
         units: Iterable[Any],

@@ -544,8 +544,8 @@ class TrainerWorker:
     def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
         t0 = time.perf_counter()
-        rl = self.cfg.rl_config
-        samples, dropped = batch_to_samples(batch, rl.drop_equal_reward_groups, rl.norm_adv_by_std_in_grpo)
+        # DAPO dynamic sampling filters equal-reward groups in the pipeline, before the minibatch is cut
+        samples, dropped = batch_to_samples(batch, False, self.cfg.rl_config.norm_adv_by_std_in_grpo)
         lags = [self.version - v for v in batch.versions]
         metrics: dict[str, float] = {
             "step": float(self.step), "dropped_groups": float(dropped), "samples": float(len(samples)),

@@ -52,8 +52,24 @@ def test_only_selected_sinks(tmp_path):
     assert out.getvalue() == ""
     assert not (tmp_path / "tensorboard").exists()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())[m.REWARD_MEAN] == 1.0
-    with pytest.raises(ValueError, match="wandb"):
-        m.MetricsLogger(tmp_path, loggers=["wandb"])
+    with pytest.raises(ValueError, match="mlflow"):
+        m.MetricsLogger(tmp_path, loggers=["mlflow"])
+
+
+def test_wandb_and_swanlab_log_offline_without_network(tmp_path, monkeypatch):
+    """No API key and no mode set: both loggers run offline and keep every step in the run directory."""
+    for env in ("WANDB_MODE", "WANDB_API_KEY", "SWANLAB_MODE", "SWANLAB_API_KEY"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with m.MetricsLogger(tmp_path, loggers=["jsonl", "wandb", "swanlab"], project="asp-test",
+                         experiment="offline") as log:
+        for step in (1, 2, 3):
+            log.log(step, {m.REWARD_MEAN: step / 10, "val/reward/gsm8k": 0.5, "note": "text"})
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    labs = list((tmp_path / "swanlog").glob("run-*/run-*.swanlab"))
+    assert len(labs) == 1 and labs[0].stat().st_size > 0
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
 
 
 def test_torn_last_line_is_skipped(tmp_path):
