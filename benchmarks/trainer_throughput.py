@@ -3,7 +3,7 @@
 Usage: .venv/bin/python benchmarks/trainer_throughput.py [--layouts 1x1x1,2x1x1] [--steps 8] [--runs 3]
        [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--threads 0] [--json]
        [--dtype float32] [--distributed-optimizer] [--sequence-parallel] [--recompute full|selective]
-       [--packing] [--tail-sigma 0.6]
+       [--packing] [--tail-sigma 0.6] [--count-only]
 
 Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on the same model
 (`asp-npu init-model` tiny/small, built into a temp folder) and the same synthetic batches
@@ -11,7 +11,8 @@ Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on
 at 512). Layouts are interleaved run by run (A B A B ...), so machine noise hits them alike; each cell
 is the median over runs of the median step after one warm-up step. tokens/s counts prompt+response
 tokens processed (real tokens, never padding). `--packing` runs every layout twice, right-padded
-micro-batches and packed ones (`actor_config.use_remove_padding`), interleaved, side by side.
+micro-batches and packed ones (`actor_config.use_remove_padding`), interleaved, side by side, and
+reports the token slots each computes per step (deterministic; `--count-only` prints just those).
 `--ab-baseline DIR` instead compares TP=1 `train_step` of this checkout with another one (e.g. the
 main branch: `git worktree add /tmp/base main`): one trainer process per checkout, steps taken in
 strict alternation A B A B ... on the same batches, so both see the same machine load step by step;
@@ -85,6 +86,21 @@ def measure(
         "step_time_s": statistics.median(m["step_time_s"] for m in steps),
         "allocated_bytes": allocated,
     }
+
+
+def token_slots(batches: list[TrainBatch], mbs: int, max_token_len: int) -> dict:
+    """Token positions the trainer computes over `batches` (after the warm-up one): real tokens, right-
+    padded micro-batches (length-sorted, `use_dynamic_bsz` when `max_token_len`), packed streams."""
+    from asp_npu.trainer.packing import packed_micro_batches
+    from asp_npu.trainer.worker import batch_to_samples, make_micro_batches
+
+    out = {"real": 0, "padded": 0, "packed": 0}
+    for b in batches[1:]:
+        samples, _ = batch_to_samples(b, drop_equal_groups=False)
+        out["real"] += sum(s.length for s in samples)
+        for key, build in (("padded", make_micro_batches), ("packed", packed_micro_batches)):
+            out[key] += sum(mb["input_ids"].numel() for mb in build(samples, mbs, max_token_len))
+    return {**out, "padded_over_real": out["padded"] / max(out["real"], 1)}
 
 
 AB_CHILD = r"""
@@ -200,6 +216,8 @@ def main() -> int:
                     help="each layout right-padded and packed (use_remove_padding), side by side")
     ap.add_argument("--tail-sigma", type=float, default=0.6,
                     help="log-sd of the response lengths (larger: a longer tail)")
+    ap.add_argument("--count-only", action="store_true",
+                    help="print the token slots padded vs packed (deterministic) and start no trainer")
     ap.add_argument("--ab-baseline", default="", help="another checkout to compare with at TP=1 (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -221,6 +239,10 @@ def main() -> int:
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
         batches = [synthetic_batch(vocab, args.groups, args.group_size, i, args.tail_sigma)
                    for i in range(args.steps + 1)]
+        slots = token_slots(batches, args.micro_batch_size, args.max_token_len)
+        if args.count_only:
+            print(json.dumps({"tail_sigma": args.tail_sigma, "steps": args.steps, "token_slots": slots}))
+            return 0
         if args.ab_baseline:
             ab = ab_compare(args.ab_baseline, model, batches, args.micro_batch_size, args.threads, args.runs)
             print(json.dumps({"size": args.size, "steps": args.steps, "rounds": args.runs, **ab}, indent=2))
@@ -247,6 +269,7 @@ def main() -> int:
         "dtype": args.dtype,
         "features": features,
         "tail_sigma": args.tail_sigma,
+        "token_slots": slots,
         "steps": args.steps,
         "layouts": {
             k: {
@@ -265,6 +288,7 @@ def main() -> int:
         for k, v in summary["layouts"].items():
             tps, sec = v["tokens_per_s_median"], v["step_time_s_median"]
             print(f"{k:>16} {tps:>10.0f} {sec:>8.3f}  {v['tokens_per_s_runs']}")
+        print(f"token slots over the timed steps: {slots}")
         print("allocated bytes per rank (weights / grads / optimizer state):")
         for k, v in summary["layouts"].items():
             print(f"{k:>16} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}"
