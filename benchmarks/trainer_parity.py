@@ -14,8 +14,8 @@ On the tests' tiny random Qwen2 model (2 layers, hidden 64, vocabulary 203), thr
 
 `--packing` measures only packed micro-batches (`actor_config.use_remove_padding`) against the
 right-padded path: TP=1 (micro_batch_size and a use_dynamic_bsz token budget), TP=1 x DP=2 with the
-budget, TP=2 with sequence parallelism and PP=2 (each pipeline stage's gradients), and shows the
-one-line refusal of packing with CP=2.
+budget, full recomputation, TP=2 with sequence parallelism and PP=2 (each pipeline stage's
+gradients), and shows the one-line refusal of packing with CP=2.
 """
 
 from __future__ import annotations
@@ -64,9 +64,13 @@ PAIRS = [("TP1 DP2 distopt", "TP1 DP1 distopt"), ("TP2 DP1 SP", "TP1 DP1"), ("CP
          ("recompute selective", "TP1 DP1")]
 
 
-ONE_RANK_PACKED = {"TP1 DP1": {}, "TP1 DP1 packed": {"use_remove_padding": True},
-                   "TP1 DP1 packed dynbsz": {"use_remove_padding": True, "use_dynamic_bsz": True,
-                                             "ppo_max_token_len_per_gpu": 40}}
+ONE_RANK_PACKED = {
+    "TP1 DP1": {}, "TP1 DP1 packed": {"use_remove_padding": True},
+    "TP1 DP1 packed dynbsz": {"use_remove_padding": True, "use_dynamic_bsz": True,
+                              "ppo_max_token_len_per_gpu": 40},
+    "TP1 DP1 packed recompute full": {"use_remove_padding": True, "recompute_granularity": "full",
+                                      "recompute_method": "uniform", "recompute_num_layers": 1},
+}
 
 
 def packing_parity(model: str) -> dict:
@@ -76,7 +80,7 @@ def packing_parity(model: str) -> dict:
     one = run_ranks(1, jobs.training_parity, model, ONE_RANK_PACKED, timeout=900)[0]
     two = run_ranks(2, jobs.training_parity, model, PACKED_SETUPS, timeout=900)
     rows = [{"setup": n, "reference": "TP1 DP1", "rank": 0, **parity_figures(one[n], one["TP1 DP1"])}
-            for n in ("TP1 DP1 packed", "TP1 DP1 packed dynbsz")]
+            for n in ONE_RANK_PACKED if n != "TP1 DP1"]
     rows += [{"setup": n, "reference": ref, "rank": r, **parity_figures(res[n], res[ref])}
              for n, ref in PACKED_PAIRS for r, res in enumerate(two)]
     cfg = Config()
