@@ -151,7 +151,7 @@ def main() -> int:
     print(f"{'setup':<24} {'vs':<16} {'max |dloss|':>12} {'max |dgrad|':>12} {'max |dlogp|':>12}")
     for p in parity:
         dl, dg, dp = p["max_loss_diff"], p["max_grad_diff"], p["max_logprob_diff"]
-        print(f"{p['setup']:<30} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
+        print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
     print("\nallocated bytes per rank (weights / grads / optimizer state):")
     for k, v in memory.items():
         print(f"{k:<24} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}" for b in v))
