@@ -161,6 +161,9 @@ class ActorConfig(Section):
     ppo_epochs: int = 1  # optimizer updates per TrainBatch (proximal policy = weights before the first)
     use_dynamic_bsz: bool = False  # micro-batches by padded-token budget instead of micro_batch_size (verl)
     ppo_max_token_len_per_gpu: int = 4096  # that budget, per micro-batch and rank
+    # packed micro-batches (MindSpeed-RL / verl use_remove_padding): one token stream per micro-batch with
+    # per-sequence boundaries instead of right padding; with use_dynamic_bsz the budget counts real tokens
+    use_remove_padding: bool = False
     num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
     cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned;
     #                      the pipeline fills it from its placement)
@@ -576,6 +579,7 @@ def _arch_problems(cfg: Config) -> list[str]:
         problems.append(f"actor_config.sequence_parallel: must be true for a MoE model at "
                         f"tensor_model_parallel_size={act.tensor_model_parallel_size} (megatron-core refuses "
                         "MoE + TP without it)")
+    problems += packing_problems(act, experts)
     if experts and act.context_parallel_size > 1:
         problems.append(f"actor_config.context_parallel_size: CP{act.context_parallel_size} with a MoE model "
                         "is not supported yet (its load-balancing loss is not verified over context-parallel "
@@ -588,6 +592,21 @@ def _arch_problems(cfg: Config) -> list[str]:
         etp = act.expert_tensor_parallel_size or act.tensor_model_parallel_size
         problems += expert_problems(experts, act.expert_model_parallel_size,
                                     sizes[0] * sizes[1] * sizes[2], etp, m.arch.moe_ffn_hidden_size)
+    return problems
+
+
+def packing_problems(act: ActorConfig, experts: int) -> list[str]:
+    """Why `actor_config.use_remove_padding` cannot run with these settings (empty: it can)."""
+    if not act.use_remove_padding:
+        return []
+    problems = []
+    if act.context_parallel_size > 1:
+        problems.append(f"actor_config.use_remove_padding: packed sequences with context_parallel_size="
+                        f"{act.context_parallel_size} are not supported (the CP split would have to cut each "
+                        "packed sequence into its own 2 x CP chunks); set one of them off")
+    if experts:
+        problems.append("actor_config.use_remove_padding: not supported for a MoE model yet (its allgather "
+                        "dispatcher needs equal token blocks on every data-parallel rank); set it false")
     return problems
 
 

@@ -58,6 +58,11 @@ class DeviceSpec:
     # CP without Transformer Engine), or False where the stack attends across CP chunks itself
     # (MindSpeed's adaptor on Ascend: ring attention over the same 2 x CP chunks, flash-attention memory)
     cp_gather_attention: bool = True
+    # packed micro-batches (actor_config.use_remove_padding): True where asp-npu's core attention runs the
+    # packed stream sequence by sequence (megatron's local attention refuses packed_seq_params without
+    # Transformer Engine), False where the stack's own attention takes cu_seqlens (MindSpeed's
+    # variable-length flash attention on Ascend)
+    packed_split_attention: bool = True
     # CPU: a core is a logical device that rollout and trainer may share (disjoint cards elsewhere)
     shared_cores: bool = False
     unit: str = "devices"  # what the run's devices are called in messages
@@ -66,7 +71,7 @@ class DeviceSpec:
 SPECS: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("cpu", "gloo", None, None, "cpu", shared_cores=True, unit="cores"),
     "npu": DeviceSpec("npu", "hccl", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "npu", cp_gather_attention=False,
-                      unit="npu devices"),
+                      packed_split_attention=False, unit="npu devices"),
     "cuda": DeviceSpec("cuda", "nccl", "GPU", "CUDA_VISIBLE_DEVICES", "cuda", unit="cuda devices"),
 }
 DEVICE_SETTINGS = ("auto", *SPECS)  # `trainer.device`

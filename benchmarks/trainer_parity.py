@@ -1,6 +1,6 @@
 """Parity figures of the megatron-core trainer on CPU (fp32, gloo): what tests/trainer asserts, measured.
 
-Usage: .venv/bin/python benchmarks/trainer_parity.py [--json] [--optimizer]
+Usage: .venv/bin/python benchmarks/trainer_parity.py [--json] [--optimizer | --packing]
 
 `--optimizer` measures only the optimizer figures (docs/bench/optim.md): host-resident optimizer state
 (`actor_config.optimizer_cpu_offload`, fraction 1.0 / 0.5, megatron's HybridDeviceOptimizer) vs the
@@ -16,6 +16,11 @@ On the tests' tiny random Qwen2 model (2 layers, hidden 64, vocabulary 203), thr
 - per-rank allocated bytes of weights, gradients and optimizer state (`trainer.memory`);
 - checkpoints saved at TP=2 x DP=1 resumed at TP=1 x DP=2, and at CP=2 resumed at TP=2: the next two
   losses vs uninterrupted.
+
+`--packing` measures only packed micro-batches (`actor_config.use_remove_padding`) against the
+right-padded path: TP=1 (micro_batch_size and a use_dynamic_bsz token budget), TP=1 x DP=2 with the
+budget, full recomputation, TP=2 with sequence parallelism and PP=2 (each pipeline stage's
+gradients), and shows the one-line refusal of packing with CP=2.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asp_npu.device import loopback_env  # noqa: E402
 from tests.trainer import jobs  # noqa: E402
-from tests.trainer.helpers import make_hf_model, run_ranks  # noqa: E402
+from tests.trainer.helpers import (  # noqa: E402
+    PACKED_PAIRS,
+    PACKED_SETUPS,
+    make_hf_model,
+    parity_figures,
+    run_ranks,
+)
 
 ONE_RANK = {
     "TP1 DP1": {},
@@ -115,6 +126,41 @@ def _print_optimizer(out: dict) -> None:
           f"{s['resumed_losses']} vs {s['uninterrupted_losses']}")
 
 
+ONE_RANK_PACKED = {
+    "TP1 DP1": {}, "TP1 DP1 packed": {"use_remove_padding": True},
+    "TP1 DP1 packed dynbsz": {"use_remove_padding": True, "use_dynamic_bsz": True,
+                              "ppo_max_token_len_per_gpu": 40},
+    "TP1 DP1 packed recompute full": {"use_remove_padding": True, "recompute_granularity": "full",
+                                      "recompute_method": "uniform", "recompute_num_layers": 1},
+}
+
+
+def packing_parity(model: str) -> dict:
+    """Packed vs right-padded: max |difference| of losses, gradients and log-probs per layout."""
+    from asp_npu.config import Config, validate
+
+    one = run_ranks(1, jobs.training_parity, model, ONE_RANK_PACKED, timeout=900)[0]
+    two = run_ranks(2, jobs.training_parity, model, PACKED_SETUPS, timeout=900)
+    rows = [{"setup": n, "reference": "TP1 DP1", "rank": 0, **parity_figures(one[n], one["TP1 DP1"])}
+            for n in ONE_RANK_PACKED if n != "TP1 DP1"]
+    rows += [{"setup": n, "reference": ref, "rank": r, **parity_figures(res[n], res[ref])}
+             for n, ref in PACKED_PAIRS for r, res in enumerate(two)]
+    cfg = Config()
+    cfg.model.build_if_missing = True
+    cfg.actor_config.use_remove_padding, cfg.actor_config.context_parallel_size = True, 2
+    refusal = [p for p in validate(cfg) if "use_remove_padding" in p]
+    return {"packing_parity": rows, "cp2_refusal": refusal}
+
+
+def _print_packing(out: dict) -> None:
+    print(f"{'packed setup':<30} {'vs':<12} {'rank':>4} "
+          f"{'max |dloss|':>12} {'max |dgrad|':>12} {'max |dlogp|':>12}")
+    for p in out["packing_parity"]:
+        print(f"{p['setup']:<30} {p['reference']:<12} {p['rank']:>4} {p['max_loss_diff']:>12.2e} "
+              f"{p['max_grad_diff']:>12.2e} {p['max_logprob_diff']:>12.2e}")
+    print("CP=2: refused by config.validate:", *out["cp2_refusal"])
+
+
 def _resume(model: str, ckpt: str, save: tuple[int, ...], load: tuple[int, ...]) -> dict:
     r = run_ranks(2, jobs.reshard_resume, model, ckpt, save, load, True, timeout=900)[0]
     out = {"losses_uninterrupted": [m["loss"] for m in r["uninterrupted"]],
@@ -128,6 +174,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--optimizer", action="store_true", help="only the optimizer figures")
+    ap.add_argument("--packing", action="store_true", help="only packed vs right-padded micro-batches")
     args = ap.parse_args()
     for k, v in {**loopback_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}.items():
         os.environ.setdefault(k, v)
@@ -135,6 +182,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             opt = optimizer_figures(str(make_hf_model(Path(tmp) / "hf", tied=True)), tmp)
         print(json.dumps(opt, indent=2)) if args.json else _print_optimizer(opt)
+        return 0
+    if args.packing:
+        with tempfile.TemporaryDirectory() as tmp:
+            packed = packing_parity(str(make_hf_model(Path(tmp) / "hf", tied=True)))
+        if args.json:
+            print(json.dumps(packed, indent=2))
+        else:
+            _print_packing(packed)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_hf_model(Path(tmp) / "hf", tied=True))

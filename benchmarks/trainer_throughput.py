@@ -3,12 +3,16 @@
 Usage: .venv/bin/python benchmarks/trainer_throughput.py [--layouts 1x1x1,2x1x1] [--steps 8] [--runs 3]
        [--size tiny] [--groups 4] [--group-size 8] [--micro-batch-size 8] [--threads 0] [--json]
        [--dtype float32] [--distributed-optimizer] [--sequence-parallel] [--recompute full|selective]
+       [--packing] [--tail-sigma 0.6] [--count-only]
 
 Every layout runs as a Ray actor group (`asp_npu.trainer.group.TrainerGroup`) on the same model
 (`asp-npu init-model` tiny/small, built into a temp folder) and the same synthetic batches
-(prompt ~24 tokens, response lengths lognormal with median 64 tokens, capped at 512). Layouts are
-interleaved run by run (A B A B ...), so machine noise hits them alike; each cell is the median
-over runs of the median step after one warm-up step. tokens/s counts prompt+response tokens processed.
+(prompt ~24 tokens, response lengths lognormal with median 64 tokens and log-sd `--tail-sigma`, capped
+at 512). Layouts are interleaved run by run (A B A B ...), so machine noise hits them alike; each cell
+is the median over runs of the median step after one warm-up step. tokens/s counts prompt+response
+tokens processed (real tokens, never padding). `--packing` runs every layout twice, right-padded
+micro-batches and packed ones (`actor_config.use_remove_padding`), interleaved, side by side, and
+reports the token slots each computes per step (deterministic; `--count-only` prints just those).
 `--ab-baseline DIR` instead compares TP=1 `train_step` of this checkout with another one (e.g. the
 main branch: `git worktree add /tmp/base main`): one trainer process per checkout, steps taken in
 strict alternation A B A B ... on the same batches, so both see the same machine load step by step;
@@ -37,13 +41,13 @@ from asp_npu.device import loopback_env  # noqa: E402
 from asp_npu.types import TrainBatch, Trajectory  # noqa: E402
 
 
-def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int) -> TrainBatch:
+def synthetic_batch(vocab: int, groups: int, group_size: int, seed: int, sigma: float = 0.6) -> TrainBatch:
     rng = random.Random(seed)
     trajs = []
     for g in range(groups):
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(16, 32))]
         for s in range(group_size):
-            n = int(min(512, max(4, rng.lognormvariate(4.16, 0.6))))  # median e^4.16 ~ 64 tokens
+            n = int(min(512, max(4, rng.lognormvariate(4.16, sigma))))  # median e^4.16 ~ 64 tokens
             resp = [rng.randrange(10, vocab) for _ in range(n)]
             trajs.append(
                 Trajectory(f"b{seed}-g{g}", s, prompt, resp, [-6.0] * n, "stop", float(rng.random() < 0.5), 0)
@@ -82,6 +86,21 @@ def measure(
         "step_time_s": statistics.median(m["step_time_s"] for m in steps),
         "allocated_bytes": allocated,
     }
+
+
+def token_slots(batches: list[TrainBatch], mbs: int, max_token_len: int) -> dict:
+    """Token positions the trainer computes over `batches` (after the warm-up one): real tokens, right-
+    padded micro-batches (length-sorted, `use_dynamic_bsz` when `max_token_len`), packed streams."""
+    from asp_npu.trainer.packing import packed_micro_batches
+    from asp_npu.trainer.worker import batch_to_samples, make_micro_batches
+
+    out = {"real": 0, "padded": 0, "packed": 0}
+    for b in batches[1:]:
+        samples, _ = batch_to_samples(b, drop_equal_groups=False)
+        out["real"] += sum(s.length for s in samples)
+        for key, build in (("padded", make_micro_batches), ("packed", packed_micro_batches)):
+            out[key] += sum(mb["input_ids"].numel() for mb in build(samples, mbs, max_token_len))
+    return {**out, "padded_over_real": out["padded"] / max(out["real"], 1)}
 
 
 AB_CHILD = r"""
@@ -193,6 +212,12 @@ def main() -> int:
     ap.add_argument("--sequence-parallel", action="store_true", help="on layouts with TP > 1")
     ap.add_argument("--recompute", default="", choices=["", "full", "selective"],
                     help="actor_config.recompute_granularity (full: uniform, 1 layer per chunk)")
+    ap.add_argument("--packing", action="store_true",
+                    help="each layout right-padded and packed (use_remove_padding), side by side")
+    ap.add_argument("--tail-sigma", type=float, default=0.6,
+                    help="log-sd of the response lengths (larger: a longer tail)")
+    ap.add_argument("--count-only", action="store_true",
+                    help="print the token slots padded vs packed (deterministic) and start no trainer")
     ap.add_argument("--ab-baseline", default="", help="another checkout to compare with at TP=1 (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -212,23 +237,29 @@ def main() -> int:
 
             model = str(build_model_dir(Path(tmp) / "model", args.size))
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-        batches = [synthetic_batch(vocab, args.groups, args.group_size, i) for i in range(args.steps + 1)]
+        batches = [synthetic_batch(vocab, args.groups, args.group_size, i, args.tail_sigma)
+                   for i in range(args.steps + 1)]
+        slots = token_slots(batches, args.micro_batch_size, args.max_token_len)
+        if args.count_only:
+            print(json.dumps({"tail_sigma": args.tail_sigma, "steps": args.steps, "token_slots": slots}))
+            return 0
         if args.ab_baseline:
             ab = ab_compare(args.ab_baseline, model, batches, args.micro_batch_size, args.threads, args.runs)
             print(json.dumps({"size": args.size, "steps": args.steps, "rounds": args.runs, **ab}, indent=2))
             return 0
-        runs: dict[str, list[dict]] = {"x".join(map(str, lay)): [] for lay in layouts}
+        variants = {" padded": False, " packed": True} if args.packing else {"": False}
+        runs: dict[str, list[dict]] = {"x".join(map(str, lay)) + v: [] for lay in layouts for v in variants}
         for r in range(args.runs):
             for lay in layouts:
-                res = measure(model, lay, batches, args.micro_batch_size, args.threads,  # type: ignore[arg-type]
-                              args.max_token_len, features, args.dtype)
-                runs["x".join(map(str, lay))].append(res)
-                if not args.json:
-                    print(
-                        f"run {r + 1}/{args.runs} TPxPPxDP={'x'.join(map(str, lay))}: "
-                        f"{res['tokens_per_s']:.0f} tokens/s, {res['step_time_s']:.3f} s/step",
-                        file=sys.stderr,
-                    )
+                for v, packed in variants.items():
+                    res = measure(model, lay, batches, args.micro_batch_size,  # type: ignore[arg-type]
+                                  args.threads, args.max_token_len,
+                                  {**features, "use_remove_padding": packed}, args.dtype)
+                    runs["x".join(map(str, lay)) + v].append(res)
+                    if not args.json:
+                        print(f"run {r + 1}/{args.runs} TPxPPxDP={'x'.join(map(str, lay))}{v}: "
+                              f"{res['tokens_per_s']:.0f} tokens/s, {res['step_time_s']:.3f} s/step",
+                              file=sys.stderr)
     tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) - 1 for t in batches[1].trajectories)
     summary = {
         "size": args.size if not args.model else args.model,
@@ -237,6 +268,8 @@ def main() -> int:
         "runs": args.runs,
         "dtype": args.dtype,
         "features": features,
+        "tail_sigma": args.tail_sigma,
+        "token_slots": slots,
         "steps": args.steps,
         "layouts": {
             k: {
@@ -251,13 +284,14 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{'TPxPPxDP':>9} {'tokens/s':>10} {'s/step':>8}  runs")
+        print(f"{'TPxPPxDP':>16} {'tokens/s':>10} {'s/step':>8}  runs")
         for k, v in summary["layouts"].items():
             tps, sec = v["tokens_per_s_median"], v["step_time_s_median"]
-            print(f"{k:>9} {tps:>10.0f} {sec:>8.3f}  {v['tokens_per_s_runs']}")
+            print(f"{k:>16} {tps:>10.0f} {sec:>8.3f}  {v['tokens_per_s_runs']}")
+        print(f"token slots over the timed steps: {slots}")
         print("allocated bytes per rank (weights / grads / optimizer state):")
         for k, v in summary["layouts"].items():
-            print(f"{k:>9} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}"
+            print(f"{k:>16} " + "  ".join(f"{b['weights']}/{b['grads']}/{b['optimizer']}"
                                          for b in v["allocated_bytes_per_rank"]))
     return 0
 

@@ -262,7 +262,6 @@ _RL_REASONS = {
             "ref_dispatch_size",
             "guarantee_order",
             "num_cpus_for_local_task",
-            "use_remove_padding",
             "actor_max_packing_token_size",
             "use_dp_batch_balance",
         ),
@@ -575,6 +574,8 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
         tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
     elif key == "rl_config.use_dynamic_bsz":
         tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
+    elif key == "rl_config.use_remove_padding":
+        tr.set(key, "actor_config.use_remove_padding", bool(value))
     elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
         tr.set(key, key, _as_float(key, value))
     elif key == "rl_config.filter_groups_enable":

@@ -7,7 +7,8 @@ TP: megatron's `finalize_model_grads` does that for parameters marked `sequence_
 plain-torch norm (`WrappedTorchNorm`, the local spec's norm when neither Transformer Engine nor apex
 is installed) refuses sequence parallelism for want of that mark; `SequenceParallelNorm` is the same
 torch norm with the mark, swapped into the layer spec only when sequence parallelism is on. Context
-parallelism swaps the local core attention for `context_parallel.ContextParallelAttention` the same way.
+parallelism swaps the local core attention for `context_parallel.ContextParallelAttention` the same way,
+packed micro-batches (`use_remove_padding`) for `packing.PackedAttention`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ from typing import Any
 import torch
 
 from asp_npu.arch import ModelDims
+from asp_npu.config import packing_problems
 from asp_npu.errors import ConfigError
 
 
 def feature_problems(dims: ModelDims, act: Any) -> list[str]:
-    """Recompute settings this model's layer count cannot run (the rest is checked by config.validate)."""
+    """Recompute settings this model's layer count cannot run, packing this model cannot honour (the
+    rest is checked by config.validate)."""
+    problems = packing_problems(act, dims.num_experts)
     per_stage = dims.num_layers // max(1, act.pipeline_model_parallel_size)
     if act.recompute_granularity == "full" and not 1 <= act.recompute_num_layers <= max(1, per_stage):
-        return [f"actor_config.recompute_num_layers={act.recompute_num_layers}: must be between 1 and the "
-                f"{per_stage} layers per pipeline stage"]
-    return []
+        problems.append(f"actor_config.recompute_num_layers={act.recompute_num_layers}: must be between 1 "
+                        f"and the {per_stage} layers per pipeline stage")
+    return problems
 
 
 def check_features(dims: ModelDims, act: Any) -> None:
@@ -78,10 +82,12 @@ def swap_module(node: Any, old: type, new: Any) -> Any:
     return node
 
 
-def block_spec(layer_spec: Any, config: Any, cp_gather_attention: bool = True) -> Any:
+def block_spec(layer_spec: Any, config: Any, cp_gather_attention: bool = True,
+               packed_split_attention: bool = False) -> Any:
     """The transformer block spec for `layer_spec`: with context parallelism the core attention is
     `ContextParallelAttention` (unless the device stack attends across CP chunks itself:
-    `device.DeviceSpec.cp_gather_attention`); with sequence parallelism every plain-torch norm (layer
+    `device.DeviceSpec.cp_gather_attention`); for packed micro-batches (`packed_split_attention`) it is
+    `packing.PackedAttention`; with sequence parallelism every plain-torch norm (layer
     norms, q/k norms, the final norm) is `SequenceParallelNorm`; otherwise `layer_spec` unchanged."""
     layer = layer_spec
     if config.context_parallel_size > 1 and cp_gather_attention:
@@ -90,6 +96,12 @@ def block_spec(layer_spec: Any, config: Any, cp_gather_attention: bool = True) -
         from asp_npu.trainer.context_parallel import ContextParallelAttention
 
         layer = swap_module(layer, DotProductAttention, ContextParallelAttention)
+    elif packed_split_attention:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        from asp_npu.trainer.packing import PackedAttention
+
+        layer = swap_module(layer, DotProductAttention, PackedAttention)
     if not config.sequence_parallel:
         return layer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm

@@ -101,10 +101,12 @@ def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
 
 
 def build_model(dims: ModelDims, layout: Layout, dtype: str = "float32",
-                overrides: dict[str, Any] | None = None, cp_gather_attention: bool = True) -> Any:
+                overrides: dict[str, Any] | None = None, cp_gather_attention: bool = True,
+                packed_split_attention: bool = False) -> Any:
     """This rank's pipeline stage of the GPTModel (parallel state must be initialised).
 
-    `cp_gather_attention`: context parallelism through asp-npu's core attention (`features.block_spec`)."""
+    `cp_gather_attention` / `packed_split_attention`: context parallelism / packed micro-batches through
+    asp-npu's core attention (`features.block_spec`)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -116,7 +118,7 @@ def build_model(dims: ModelDims, layout: Layout, dtype: str = "float32",
                                     qk_layernorm=dims.qk_norm, normalization="RMSNorm")
     return GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(spec, config, cp_gather_attention),
+        transformer_layer_spec=block_spec(spec, config, cp_gather_attention, packed_split_attention),
         vocab_size=padded_vocab_size(dims.vocab_size, layout.tp),
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -242,9 +242,11 @@ class TrainerWorker:
         dtype = self.cfg.model.dtype
         overrides = {**overrides, **megatron_features(act)}
         cp_gather = device.spec(self.kind).cp_gather_attention
+        packed_split = act.use_remove_padding and device.spec(self.kind).packed_split_attention
 
         def loaded_model(state: Any) -> Any:
-            model = build_model(self.dims, self.layout, dtype, overrides, cp_gather).to(self.torch_device)
+            model = build_model(self.dims, self.layout, dtype, overrides, cp_gather,
+                                packed_split).to(self.torch_device)
             load_hf_into_model(model, state, self.dims, self.layout)
             return model
 
@@ -409,6 +411,8 @@ class TrainerWorker:
         (`with_entropy`: loss_fn also receives the per-token entropy as `entropy=`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from asp_npu.trainer import packing
+
         if not micro:
             return []
         it = iter(enumerate(micro))
@@ -417,10 +421,10 @@ class TrainerWorker:
             k, mb = next(data_iterator)
             if self.dims.num_experts:
                 self._scale_aux_loss(mdl, mb["input_ids"].numel(), len(micro))
-            out = mdl(mb["input_ids"], mb["position_ids"], None)
+            out = mdl(mb["input_ids"], mb["position_ids"], None, packed_seq_params=packing.seq_params(mb))
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-                logp = self._token_logprobs(output, mb["labels"])
+                logp = packing.unpack(self._token_logprobs(output, mb["labels"]), mb)  # [b, s] either way
                 extra = {"entropy": self._token_entropy(output)} if with_entropy else {}
                 loss, info = loss_fn(k, mb, logp, **extra)
                 return loss, torch.ones((), dtype=torch.int), info
@@ -444,13 +448,15 @@ class TrainerWorker:
         cfg.moe_aux_loss_coeff = self._aux_coeff / (max(local, 1) * num_micro * self.layout.dp)
 
     def _my_micro_batches(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
+        from asp_npu.trainer import packing
+
         ps = self._ps()
         mine = shard_for_dp(samples, self.layout.dp, ps.get_data_parallel_rank())
         act = self.cfg.actor_config
         cp = self.layout.cp
-        mbs = make_micro_batches(mine, act.micro_batch_size,
-                                 act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
-                                 (self.layout.tp if act.sequence_parallel else 1) * (2 * cp if cp > 1 else 1))
+        build = packing.packed_micro_batches if act.use_remove_padding else make_micro_batches
+        mbs = build(mine, act.micro_batch_size, act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
+                    (self.layout.tp if act.sequence_parallel else 1) * (2 * cp if cp > 1 else 1))
         if self.dims.num_experts:  # one shape: allgather dispatch over EP, and fixed p2p shapes for PP
             mbs = self._same_shape_over_dp(mbs)
         if cp > 1:  # each context-parallel rank keeps its two chunks of every sequence

@@ -75,6 +75,33 @@ def trainer_config(model_dir: Path, tp: int = 1, pp: int = 1, dp: int = 1, **rl:
     return cfg
 
 
+# packed micro-batches (use_remove_padding) and their padded references, on two ranks
+PACKED_SETUPS: dict[str, dict[str, Any]] = {
+    "TP1 DP2": {"data_parallel_size": 2},
+    "TP1 DP2 packed dynbsz": {"data_parallel_size": 2, "use_remove_padding": True, "use_dynamic_bsz": True,
+                              "ppo_max_token_len_per_gpu": 40},
+    "TP2 DP1 SP": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+    "TP2 DP1 SP packed": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                          "use_remove_padding": True},
+    "PP2": {"pipeline_model_parallel_size": 2},
+    "PP2 packed": {"pipeline_model_parallel_size": 2, "use_remove_padding": True},
+}
+PACKED_PAIRS = [("TP1 DP2 packed dynbsz", "TP1 DP2"), ("TP2 DP1 SP packed", "TP2 DP1 SP"),
+                ("PP2 packed", "PP2")]
+
+
+def parity_figures(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """Max |difference| of losses, gradients (the keys `a` holds: a pipeline stage's) and log-probs
+    between two `jobs.training_parity` results."""
+    import numpy as np
+
+    return {"max_loss_diff": max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True)),
+            "max_grad_diff": max(float(np.abs(ga[k] - gb[k]).max())
+                                 for ga, gb in zip(a["grads"], b["grads"], strict=True) for k in ga),
+            "max_logprob_diff": max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"], strict=True)
+                                    for x, y in zip(la, lb, strict=True))}
+
+
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
                        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

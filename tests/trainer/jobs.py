@@ -140,10 +140,12 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
         w.module.decoder.layers[0].self_attention.core_attention.register_forward_hook(
             lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
         losses = [w.train_step(make_batch(seed=i)) for i in range(steps)]
+        core = w.module.decoder.layers[0].self_attention.core_attention
         out[name] = {"losses": [m["loss"] for m in losses], "grad_norms": [m["grad_norm"] for m in losses],
-                     "grads": grads if rank == 0 else None, "bytes": w.allocated_bytes(),
-                     "optimizer_bytes": w.optimizer_bytes(),
-                     "core_attn_calls": calls[0], "logprobs": w.compute_logprobs(make_batch(seed=99))}
+                     "grads": grads, "bytes": w.allocated_bytes(),
+                     "optimizer_bytes": w.optimizer_bytes(), "core_attn_calls": calls[0],
+                     "core_attention": type(core).__name__,
+                     "logprobs": w.compute_logprobs(make_batch(seed=99))}
     return out
 
 
