@@ -499,7 +499,9 @@ def validate(cfg: Config) -> list[str]:
                         f"{'|'.join(WEIGHT_TRANSFERS)}")
     if gen.admission not in ("continuous", "unit"):
         problems.append(f"generate_config.admission: '{gen.admission}' is not continuous|unit")
-    if cfg.trainer.device not in ("auto", "cpu", "npu", "cuda"):
+    from asp_npu.device import DEVICE_SETTINGS
+
+    if cfg.trainer.device not in DEVICE_SETTINGS:
         problems.append(f"trainer.device: '{cfg.trainer.device}' is not auto|cpu|npu|cuda")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         problems.append(f"model.dtype: '{cfg.model.dtype}' is not float32|bfloat16|float16")

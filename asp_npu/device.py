@@ -86,6 +86,11 @@ def kind_of(torch_device_type: str) -> DeviceKind:
     return torch_device_type if torch_device_type in SPECS else "cuda"  # type: ignore[return-value]
 
 
+def host_only(setting: str) -> bool:
+    """`trainer.device` names the host CPU (a config that cannot run on an accelerator cluster)."""
+    return setting == "cpu"
+
+
 def pinnable(torch_device_type: str) -> bool:
     """Host copies of this device's tensors are pinned (a CPU tensor has no device to pin for)."""
     return torch_device_type != "cpu"

@@ -8,13 +8,13 @@ estimate of each role, and the simulator's estimate of iteration time and throug
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
-from asp_npu.config import Config, validate
+from asp_npu.config import Config, validate, with_changes
 from asp_npu.deploy.layout import Layout, card_for, plan_layout
 from asp_npu.deploy.memory import instance_npus
+from asp_npu.device import host_only
 from asp_npu.errors import UserError
 
 
@@ -130,8 +130,8 @@ def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout
     npus_per_node = npus_per_node or card.npus_per_node  # 0 = the card's (trainer.n_devices_per_node)
     if nodes < 1 or npus_per_node < 1:
         raise UserError(f"a cluster needs >= 1 node and >= 1 NPU per node (got {nodes} x {npus_per_node})")
-    as_if_built = copy.deepcopy(cfg)
-    as_if_built.model.build_if_missing = True  # the model folder lives on the cluster, not necessarily here
+    # the model folder lives on the cluster, not necessarily here
+    as_if_built = with_changes(cfg, {"model.build_if_missing": True})
     lay = plan_layout(cfg, nodes, npus_per_node, card)
     lay.problems = validate(as_if_built) + lay.problems
     nz = os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0")
@@ -140,7 +140,7 @@ def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout
             f"VLLM_ASCEND_ENABLE_NZ={nz} in this environment: vllm-ascend's FRACTAL_NZ weight layout breaks "
             "repeated weight refreshes; RL needs 0 (launch/env_npu.sh exports it)"
         )
-    if cfg.trainer.device == "cpu":
+    if host_only(cfg.trainer.device):
         lay.problems.append("trainer.device: 'cpu' -- this config does not run on NPUs")
     if not Path(cfg.model.path).exists():
         lay.warnings.append(

@@ -206,7 +206,7 @@ class TrainerWorker:
         check_features(self.dims, act)
         self.kind = device.detect(cfg.trainer.device)
         cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
-            if act.cpu_cores and self.kind == "cpu" else []
+            if act.cpu_cores and device.spec(self.kind).shared_cores else []
         if cores:
             device.pin_process(cores)
         threads = act.num_threads or len(cores) or max(1, (os.cpu_count() or 1) // world_size)
