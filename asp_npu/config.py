@@ -141,6 +141,8 @@ class ActorConfig:
     offload_train_optimizer: bool = False
     offload_train_grad: bool = False
     offload_train_param: bool = False
+    optimizer_cpu_offload: bool = False  # optimizer state on the host (megatron-core HybridDeviceOptimizer)
+    optimizer_offload_fraction: float = 1.0  # share of the optimizer state kept on the host, in [0, 1]
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -176,6 +178,7 @@ class RLConfig:
     # (restarted, its groups re-dispatched); a failed request is generated again at most this often
     instance_timeout_s: float = 600.0
     max_request_retries: int = 2
+    layout: str = ""  # "" = the layout as given | auto: the simulator's layout search (asp_npu.deploy.search)
 
 
 @dataclass
@@ -193,6 +196,7 @@ class TrainerConfig:
     # private single-machine Ray
     n_devices_per_node: int = 0  # 0 = detect
     card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
+    host_memory_gib: float = 0.0  # host (CPU) memory per node for `asp-npu check`; 0 = the card's default
     stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress
     # a trainer rank that dies or hangs stops the run cleanly; it is then started again from the last
     # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs
@@ -281,6 +285,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
     "rl_config.clip_ratio_low": (0, 1, False, False),
+    "actor_config.optimizer_offload_fraction": (0, 1, False, False),
     "rl_config.importance_cap": POSITIVE,
     "rl_config.max_prompt_length": AT_LEAST_1,
     "rl_config.plan_cost_a": POSITIVE,
@@ -372,6 +377,8 @@ def validate(cfg: Config) -> list[str]:
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
+    problems += _optimizer_offload_problems(act)
+    problems += _layout_auto_problems(cfg)
     problems += _npu_rollout_problems(gen)
     if gen.weight_transfer not in WEIGHT_TRANSFERS:
         problems.append(f"generate_config.weight_transfer: '{gen.weight_transfer}' is not "
@@ -461,6 +468,37 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
         problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
                         f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
     return problems
+
+
+# the keys `rl_config.layout: auto` chooses itself (asp_npu.deploy.search)
+AUTO_LAYOUT_KEYS = (
+    ("generate_config", "num_instances"), ("generate_config", "infer_tensor_parallel_size"),
+    ("actor_config", "tensor_model_parallel_size"), ("actor_config", "pipeline_model_parallel_size"),
+    ("actor_config", "context_parallel_size"), ("actor_config", "data_parallel_size"),
+)
+
+
+def _layout_auto_problems(cfg: Config) -> list[str]:
+    """`layout: auto` and a fixed split given explicitly (a key away from its default) contradict."""
+    layout = cfg.rl_config.layout
+    if layout not in ("", "auto"):
+        return [f"rl_config.layout: '{layout}' is not auto (or empty: the layout as given)"]
+    if layout != "auto":
+        return []
+    fixed = [f"{sec}.{key}={getattr(getattr(cfg, sec), key)}" for sec, key in AUTO_LAYOUT_KEYS
+             if getattr(getattr(cfg, sec), key) != getattr(getattr(Config(), sec), key)]
+    if fixed:
+        return [f"rl_config.layout: auto chooses the layout itself, but a fixed one is given ({', '.join(fixed)}); "
+                "remove those keys or the layout: auto"]
+    return []
+
+
+def _optimizer_offload_problems(act: ActorConfig) -> list[str]:
+    """megatron-core's HybridDeviceOptimizer offloads the distributed optimizer's shards only."""
+    if act.optimizer_cpu_offload and not act.use_distributed_optimizer:
+        return ["actor_config.optimizer_cpu_offload: needs actor_config.use_distributed_optimizer=true "
+                "(megatron-core offloads the distributed optimizer's shards)"]
+    return []
 
 
 def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:
