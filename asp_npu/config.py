@@ -488,8 +488,8 @@ def _layout_auto_problems(cfg: Config) -> list[str]:
     fixed = [f"{sec}.{key}={getattr(getattr(cfg, sec), key)}" for sec, key in AUTO_LAYOUT_KEYS
              if getattr(getattr(cfg, sec), key) != getattr(getattr(Config(), sec), key)]
     if fixed:
-        return [f"rl_config.layout: auto chooses the layout itself, but a fixed one is given ({', '.join(fixed)}); "
-                "remove those keys or the layout: auto"]
+        return [f"rl_config.layout: auto chooses the layout itself, but a fixed one is given "
+                f"({', '.join(fixed)}); remove those keys or the layout: auto"]
     return []
 
 

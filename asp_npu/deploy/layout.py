@@ -364,7 +364,8 @@ def host_budget_gib(cfg: Config, card: Card) -> tuple[float, float]:
     total = cfg.trainer.host_memory_gib or card.host_memory_gib
     if total <= 0:
         return 0.0, 0.0
-    return total, total - min(RAY_OBJECT_STORE_FRACTION * total, RAY_OBJECT_STORE_MAX_GIB) - HOST_OS_RESERVE_GIB
+    ray = min(RAY_OBJECT_STORE_FRACTION * total, RAY_OBJECT_STORE_MAX_GIB)
+    return total, total - ray - HOST_OS_RESERVE_GIB
 
 
 def _host_memory(cfg: Config, lay: Layout, trainer: list[MemoryEstimate], inst: MemoryEstimate) -> None:
@@ -388,8 +389,8 @@ def _host_memory(cfg: Config, lay: Layout, trainer: list[MemoryEstimate], inst: 
             f"{max(ranks.values())} ranks x {per_rank:.1f} GiB: optimizer state offloaded at "
             f"{cfg.actor_config.optimizer_offload_fraction:g}, pinned gradients"
             + (", offload_train_* and sleeping engine weights" if lay.colocated else "")
-            + f") > {budget:.0f} GiB left of trainer.host_memory_gib {total:.0f} (Ray object store, OS); lower "
-            "actor_config.optimizer_offload_fraction or use more nodes"
+            + f") > {budget:.0f} GiB left of trainer.host_memory_gib {total:.0f} (Ray object store, OS); "
+            "lower actor_config.optimizer_offload_fraction or use more nodes"
         )
 
 

@@ -56,7 +56,7 @@ class Card:
     memory_gib: float
     npus_per_node: int
     description: str
-    host_memory_gib: float = 0.0  # host DRAM per node (the typical shipped configuration; trainer.host_memory_gib)
+    host_memory_gib: float = 0.0  # host DRAM per node, the typical configuration (trainer.host_memory_gib)
 
 
 @dataclass
@@ -267,7 +267,8 @@ def offloaded_params(cfg: Config, arch: Arch) -> float:
     if not off:
         return 0.0
     dp_cp = act.data_parallel_size * act.context_parallel_size
-    expert_dp = max(1, act.tensor_model_parallel_size * dp_cp // (act.expert_model_parallel_size * expert_tp(cfg)))
+    expert_dp = max(1, act.tensor_model_parallel_size * dp_cp
+                    // (act.expert_model_parallel_size * expert_tp(cfg)))
     shards = [stage_params(cfg, arch, s) for s in range(act.pipeline_model_parallel_size)]
     return off * max(sp.dense / dp_cp + sp.experts / expert_dp for sp in shards)
 
