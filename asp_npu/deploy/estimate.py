@@ -19,6 +19,7 @@ What the trainer's layout costs on top of its tokens (what the layout search tra
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -51,11 +52,19 @@ def trainer_layout_costs(cfg: Config, lay: Layout) -> tuple[float, float]:
     return factor, host_step
 
 
+@functools.lru_cache(maxsize=1)
+def _paper() -> Any:
+    """The `paper` preset, read once (the layout search builds a preset per candidate)."""
+    from asp_npu.sim.preset import load_preset
+
+    return load_preset("paper")
+
+
 def build_preset(cfg: Config, lay: Layout) -> Any:
     """A `asp_npu.sim.preset.Preset` for this config on this layout."""
-    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
+    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec
 
-    base = load_preset("paper")
+    base = _paper()
     a = lay.arch
     assert a is not None
     gen, act, rl = cfg.generate_config, cfg.actor_config, cfg.rl_config

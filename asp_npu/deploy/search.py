@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asp_npu.config import COLOCATED_MODES, Config, validate
@@ -32,7 +32,7 @@ from asp_npu.deploy.layout import Card, Layout, plan_layout
 from asp_npu.deploy.memory import seq_len
 from asp_npu.errors import UserError
 
-SIMULATED = 8  # splits simulated after the analytic ranking
+SIMULATED = 5  # splits simulated after the analytic ranking
 PP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 OFFLOAD_FRACTIONS = (0.0, 0.5, 1.0)
 RECOMPUTE = ("", "full")
@@ -128,8 +128,11 @@ def candidates(base: Config, arch: Arch, nodes: int, per_node: int) -> Iterator[
 
 
 def apply(base: Config, cand: Candidate, mode: str = "asp") -> Config:
-    """`base` with the candidate's layout written into its keys."""
-    cfg = copy.deepcopy(base)
+    """`base` with the candidate's layout written into its keys (a new config; `base` is not changed)."""
+    act0 = base.actor_config
+    cfg = replace(base, generate_config=replace(base.generate_config), rl_config=replace(base.rl_config),
+                  actor_config=replace(act0, num_layer_list=list(act0.num_layer_list)),
+                  model=replace(base.model))
     gen, act = cfg.generate_config, cfg.actor_config
     cfg.rl_config.mode, cfg.rl_config.layout = mode, ""
     if gen.infer_expert_parallel_size <= 1:
@@ -154,15 +157,24 @@ def apply(base: Config, cand: Candidate, mode: str = "asp") -> Config:
     return cfg
 
 
+def _batches_fit(base: Config, cand: Candidate) -> bool:
+    """What `check` says of the batch shape, without building the layout: whole micro-batches per DP rank
+    and a lag window that holds a group per instance."""
+    rl = base.rl_config
+    lag = max(rl.max_lag, ASP_LAG_FOR_SYNC_CONFIGS) if rl.mode in COLOCATED_MODES else rl.max_lag
+    return (rl.mini_batch_size % (cand.dp * base.actor_config.micro_batch_size) == 0
+            and (lag + 1) * rl.mini_batch_size >= cand.instances * rl.n_samples_per_prompt)
+
+
 def _fit(base: Config, cand: Candidate, arch: Arch, nodes: int, per_node: int, card: Card
-         ) -> tuple[Config, Layout] | None:
+         ) -> tuple[tuple[Config, Layout] | None, list[str]]:
+    """(the candidate's config and layout, or None) and the check's problems."""
     cfg = apply(base, cand)
     if not cfg.actor_config.num_layer_list and arch.num_layers % cand.pp:
         cfg.actor_config.num_layer_list = balanced_stages(arch.num_layers, cand.pp)
     lay = plan_layout(cfg, nodes, per_node, card)
-    if lay.problems or validate(cfg):
-        return None
-    return cfg, lay
+    problems = lay.problems or validate(cfg)
+    return (None if problems else (cfg, lay)), problems
 
 
 def search(base: Config, nodes: int, per_node: int, card: Card, top: int = SIMULATED) -> SearchResult:
@@ -173,13 +185,21 @@ def search(base: Config, nodes: int, per_node: int, card: Card, top: int = SIMUL
     if arch is None or problems:
         raise UserError("layout search: " + ("; ".join(problems) or "the model's architecture is unknown"))
     fitting: dict[tuple[int, ...], list[Scored]] = {}  # split -> its fitting recompute/offload variants
+    bad: set[tuple[Any, ...]] = set()  # trainer shapes / instance TPs whose device memory never fits
     tried = 0
     for cand in candidates(cfg0, arch, nodes, per_node):
         tried += 1
-        key = (cand.instances, cand.infer_tp, cand.tp, cand.pp, cand.cp, cand.dp)
-        got = _fit(cfg0, cand, arch, nodes, per_node, card)
+        trainer = (cand.tp, cand.pp, cand.cp, cand.dp, cand.recompute, cand.offload)
+        if trainer in bad or ("instance", cand.infer_tp) in bad or not _batches_fit(cfg0, cand):
+            continue
+        got, problems = _fit(cfg0, cand, arch, nodes, per_node, card)
         if got is not None:
+            key = (cand.instances, cand.infer_tp, cand.tp, cand.pp, cand.cp, cand.dp)
             fitting.setdefault(key, []).append(Scored(cand, *got))
+        elif any(p.startswith("memory: trainer") for p in problems):
+            bad.add(trainer)  # the same trainer beside any rollout side
+        elif any(p.startswith("memory: a rollout instance") for p in problems):
+            bad.add(("instance", cand.infer_tp))
     result = SearchResult([], tried, sum(len(v) for v in fitting.values()))
     if not fitting:
         result.blocker = blocker(cfg0, arch, nodes, per_node, card)
@@ -197,12 +217,12 @@ def _simulate(splits: list[list[Scored]], top: int) -> list[Scored]:
     from asp_npu.sim.modes import predicted_stage_seconds
     from asp_npu.sim.run import build_workload, simulate_layout
 
-    workload = None
+    first = splits[0][0]
+    workload = build_workload(build_preset(first.cfg, first.lay))  # the same prompts for every split
     pool = []
     for variants in splits:
         for s in variants:
             preset = build_preset(s.cfg, s.lay)
-            workload = workload or build_workload(preset)  # the same prompts for every split
             _, s.predicted_s = predicted_stage_seconds(  # training time decides between a split's variants
                 preset, workload, s.cand.instances, s.lay.trainer_npus)
         best = min(variants, key=lambda s: s.predicted_s)
@@ -210,6 +230,13 @@ def _simulate(splits: list[list[Scored]], top: int) -> list[Scored]:
                                                        best.cand.instances, best.lay.trainer_npus))
         pool.append(best)
     pool.sort(key=lambda s: (s.predicted_s, s.cand.trainer_npus))
+    seen: set[tuple[int, int, int]] = set()
+    distinct = []  # the simulator sees instances x instance NPUs + trainer NPUs: simulate each such once
+    for s in pool:
+        if (shape := (s.cand.instances, s.cand.infer_tp, s.cand.trainer_npus)) not in seen:
+            seen.add(shape)
+            distinct.append(s)
+    pool = distinct
     for s in pool[:top]:
         preset = build_preset(s.cfg, s.lay)
         sim_lay = SimLayout(s.lay.rollout_npus + s.lay.trainer_npus, s.cand.instances,
@@ -266,7 +293,8 @@ def blocker(base: Config, arch: Arch, nodes: int, per_node: int, card: Card) -> 
 def format_result(res: SearchResult, shown: int = 5) -> list[str]:
     """The top `shown` splits with their simulated iteration next to the colocated baseline's."""
     lines = [f"layout search: {res.tried} layouts tried, {res.fitting} fit (device and host memory); "
-             f"the best {len(res.ranked)} by predicted stage balance simulated (mode asp):"]
+             f"the best {len(res.ranked)} distinct splits by predicted stage balance simulated (mode asp; "
+             "x = the colocated baseline's iteration / this one's):"]
     if not res.ranked:
         return lines + [f"  none fits: {res.blocker}"]
     base = res.baseline

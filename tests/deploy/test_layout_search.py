@@ -78,8 +78,8 @@ def _write(tmp_path: Path, cfg: Config) -> Path:
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("actor_config.use_distributed_optimizer=false", "actor_config.optimizer_cpu_offload: needs actor_config"
-         ".use_distributed_optimizer=true"),
+        ("actor_config.use_distributed_optimizer=false",
+         "actor_config.optimizer_cpu_offload: needs actor_config.use_distributed_optimizer=true"),
         ("actor_config.optimizer_offload_fraction=1.5", "actor_config.optimizer_offload_fraction"),
         ("actor_config.optimizer_offload_fraction=-0.1", "actor_config.optimizer_offload_fraction"),
         ("trainer.host_memory_gib=64", "host memory: a node holds"),
@@ -127,7 +127,8 @@ def test_search_picks_a_fitting_split_of_best_simulated_throughput() -> None:
 
 def test_apply_writes_the_candidate_and_offload_turns_on_the_distributed_optimizer() -> None:
     cfg = _cfg(use_distributed_optimizer=False)
-    out = apply(cfg, Candidate(instances=3, infer_tp=1, tp=1, pp=4, cp=1, dp=1, recompute="full", offload=0.5))
+    out = apply(cfg, Candidate(instances=3, infer_tp=1, tp=1, pp=4, cp=1, dp=1, recompute="full",
+                               offload=0.5))
     a, g = out.actor_config, out.generate_config
     assert (g.num_instances, g.infer_tensor_parallel_size) == (3, 1)
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.data_parallel_size) == (1, 4, 1)
