@@ -51,14 +51,16 @@ class Candidate:
     dp: int
     recompute: str  # "" | "full"
     offload: float  # optimizer_offload_fraction (0 = the state stays on the NPU)
+    instance_npus: int = 0  # an expert-parallel instance's group (0 = infer_tp)
 
     @property
     def trainer_npus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
 
     def describe(self) -> str:
+        group = f" ({self.instance_npus} NPUs)" if self.instance_npus > self.infer_tp else ""
         return (
-            f"{self.instances} x TP{self.infer_tp} rollout + trainer TP{self.tp} x PP{self.pp}"
+            f"{self.instances} x TP{self.infer_tp}{group} rollout + trainer TP{self.tp} x PP{self.pp}"
             + (f" x CP{self.cp}" if self.cp > 1 else "")
             + f" x DP{self.dp}"
             + (", full recompute" if self.recompute else "")
@@ -124,7 +126,7 @@ def candidates(base: Config, arch: Arch, nodes: int, per_node: int) -> Iterator[
                         if instances < 1:
                             break
                         for rec, off in variants:
-                            yield Candidate(instances, itp, tp, pp, cp, dp, rec, off)
+                            yield Candidate(instances, itp, tp, pp, cp, dp, rec, off, k)
 
 
 def apply(base: Config, cand: Candidate, mode: str = "asp") -> Config:

@@ -165,3 +165,17 @@ def test_swap_optimizer_imports_to_host_offload_in_mode_asp(tmp_path: Path) -> N
     assert cfg.rl_config.mode == "asp" and cfg.actor_config.use_distributed_optimizer
     lay = plan_layout(copy.deepcopy(cfg), cfg.trainer.nnodes, cfg.trainer.n_devices_per_node, card_for("a3"))
     assert not lay.problems
+
+
+def test_sim_layout_auto_is_never_behind_the_fixed_sweep_split() -> None:
+    """`rl.layout: auto` simulates every split of the sweep point's devices, the fixed one among them."""
+    from asp_npu.sim.preset import load_preset
+    from asp_npu.sim.run import build_workload, simulate
+
+    fixed = load_preset("paper", iterations=3)
+    auto = load_preset("paper", iterations=3, overrides={"layout": "auto"})
+    wl = build_workload(fixed)
+    a, f = simulate(auto, wl, "asp", instances=2), simulate(fixed, wl, "asp", instances=2)
+    assert a.layout.devices == f.layout.devices == 2 * 2 + fixed.cluster.sweep_trainer_devices
+    assert a.metrics["throughput_tokens_per_s"] >= f.metrics["throughput_tokens_per_s"]
+    assert len(a.metrics["split_search"]) > 1
