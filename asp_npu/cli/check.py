@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TextIO
 
 from asp_npu.cli import command_parser
 from asp_npu.config import Config, load_config
@@ -18,16 +19,17 @@ from asp_npu.deploy.layout import card_for
 from asp_npu.errors import UserError
 
 
-def _layout(cfg: Config, nodes: int, per_node: int, card_name: str, suggest: bool) -> Config:
+def _layout(cfg: Config, nodes: int, per_node: int, card_name: str, suggest: bool, out: TextIO) -> Config:
     """`layout: auto`: the search's choice (printed); `--suggest`: the search printed, the config as given."""
     from asp_npu.deploy.search import apply_layout_auto, format_result, search
 
     card = card_for(card_name)
     if cfg.rl_config.layout == "auto":
         cfg, lines = apply_layout_auto(cfg, nodes, per_node, card)
-        print("\n".join(lines + ["rl_config.layout: auto -> the best split above is checked below", ""]))
+        lines.append("rl_config.layout: auto -> the best split above is checked below\n")
+        print("\n".join(lines), file=out)
     elif suggest:
-        print("\n".join(format_result(search(cfg, nodes, per_node, card)) + [""]))
+        print("\n".join(format_result(search(cfg, nodes, per_node, card)) + [""]), file=out)
     return cfg
 
 
@@ -62,7 +64,7 @@ def main(argv: list[str]) -> int:
     )
     if nodes < 1 or per_node < 1:
         raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
-    cfg = _layout(cfg, nodes, per_node, card_name, args.suggest and not args.json)
+    cfg = _layout(cfg, nodes, per_node, card_name, args.suggest, sys.stderr if args.json else sys.stdout)
     lay = check(cfg, nodes, per_node, card_name)
     sim_rows, sim_note = (
         (None, "skipped (--no-sim)") if args.no_sim or lay.problems else sim_estimate(cfg, lay)
