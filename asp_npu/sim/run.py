@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -104,7 +104,9 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     out = metrics(res, workload)
     if sharing["applied"] or "colocated_decode_slowdown" in sharing:
         out["core_sharing"] = sharing
-    bound = limit(preset, workload, spec.colocated, spec.barrier)
+    # the bound on the devices this run has (a sweep point has its own count)
+    on_devices = replace(preset, cluster=replace(preset.cluster, devices=layout.devices))
+    bound = limit(on_devices, workload, spec.colocated, spec.barrier)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
     out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
     out["limit"] = bound.as_dict()
