@@ -250,6 +250,7 @@ class RLConfig(Section):
     # (restarted, its groups re-dispatched); a failed request is generated again at most this often
     instance_timeout_s: float = 600.0
     max_request_retries: int = 2
+    layout: str = ""  # "" = the layout as given | auto: the simulator's layout search (asp_npu.deploy.search)
 
 
 @dataclass
@@ -270,6 +271,7 @@ class TrainerConfig(Section):
     # private single-machine Ray
     n_devices_per_node: int = 0  # 0 = detect
     card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
+    host_memory_gib: float = 0.0  # host (CPU) memory per node for `asp-npu check`; 0 = the card's default
     stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress
     # a trainer rank that dies or hangs stops the run cleanly; it is then started again from the last
     # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs
@@ -493,6 +495,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
     problems += optimizer_problems(act, cfg.trainer.train_iters)
+    problems += _layout_auto_problems(cfg)
     problems += _npu_rollout_problems(gen)
     if gen.weight_transfer not in WEIGHT_TRANSFERS:
         problems.append(f"generate_config.weight_transfer: '{gen.weight_transfer}' is not "
@@ -676,6 +679,29 @@ def optimizer_problems(act: ActorConfig, train_iters: int) -> list[str]:
         out.append("actor_config.offload_train_optimizer: optimizer_cpu_offload keeps the optimizer state on "
                    "the host already; set one of them")
     return out
+
+
+# the keys `rl_config.layout: auto` chooses itself (asp_npu.deploy.search)
+AUTO_LAYOUT_KEYS = (
+    ("generate_config", "num_instances"), ("generate_config", "infer_tensor_parallel_size"),
+    ("actor_config", "tensor_model_parallel_size"), ("actor_config", "pipeline_model_parallel_size"),
+    ("actor_config", "context_parallel_size"), ("actor_config", "data_parallel_size"),
+)
+
+
+def _layout_auto_problems(cfg: Config) -> list[str]:
+    """`layout: auto` and a fixed split given explicitly (a key away from its default) contradict."""
+    layout = cfg.rl_config.layout
+    if layout not in ("", "auto"):
+        return [f"rl_config.layout: '{layout}' is not auto (or empty: the layout as given)"]
+    if layout != "auto":
+        return []
+    fixed = [f"{sec}.{key}={getattr(getattr(cfg, sec), key)}" for sec, key in AUTO_LAYOUT_KEYS
+             if getattr(getattr(cfg, sec), key) != getattr(getattr(Config(), sec), key)]
+    if fixed:
+        return [f"rl_config.layout: auto chooses the layout itself, but a fixed one is given "
+                f"({', '.join(fixed)}); remove those keys or the layout: auto"]
+    return []
 
 
 def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:

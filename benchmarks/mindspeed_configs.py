@@ -4,11 +4,14 @@
 
 PATH holds MindSpeed-RL's `grpo_*`, `dapo_*`, `ppo_*` YAML files (and its `model/` folder); asp-npu
 does not ship them: download them from the MindSpeed-RL repository. Each file is imported with
-`asp-npu import-config mindspeed-rl` (mode --mode; when that refuses naming another mode, with that
-mode; when its check fails and the file runs colocated in MindSpeed-RL, `use_integrated_worker`, as
-mindspeed-sync) and checked with `asp-npu check` on the cluster the file names: `actor_resource.num_npus` NPUs
-of the card in the name (A2: 8 per node, A3: 16 per node). Columns: GiB per NPU of the trainer
-(worst stage) and of the rollout side, by component.
+`asp-npu import-config mindspeed-rl` in mode --mode (the layout search picks the split:
+asp_npu/deploy/search.py) and checked with `asp-npu check` on the cluster the file names:
+`actor_resource.num_npus` NPUs of the card in the name (A2: 8 per node, A3: 16 per node). A file whose
+asynchronous import is refused keeps the refusal (which names the component that does not fit with the
+whole optimizer state on the host and full recompute). Columns: the layout chosen, GiB per NPU of the
+trainer (worst stage) and of a rollout instance by component, host GiB per node (used / what the node
+leaves for it), and the simulated iteration of the chosen split next to the colocated baseline's
+(mindspeed-sync on every NPU of the same cluster), both from the search's printout.
 """
 
 from __future__ import annotations
@@ -23,72 +26,70 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.cli.import_config import main as import_main
-from asp_npu.config import COLOCATED_MODES, load_config
+from asp_npu.config import load_config
 from asp_npu.deploy.check import check
 from asp_npu.errors import UserError
 
 TRAINER_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "runtime")
-ROLLOUT_PARTS = ("trainer_resident", "weights", "workspace", "kv_cache", "runtime")
+ROLLOUT_PARTS = ("weights", "workspace", "kv_cache", "runtime")
+_BEST = re.compile(r"note:\s+\*\s+([\d.]+) s/iteration")
+_BASE = re.compile(r"note:\s+([\d.]+) s/iteration .* colocated baseline "
+                   r"\(mindspeed-sync on every NPU(;[^)]*)?\)")
+_CHOSEN = re.compile(r"note: layout: .* -> (.*)")
 
 
 def _import(src: Path, out: Path, mode: str) -> tuple[str, str]:
-    """(status, mode used): 'ok', or the refusal line."""
+    """('ok' | the refusal line, what the import printed)."""
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
             import_main(["mindspeed-rl", str(src), "--out", str(out), "--mode", mode])
-        return "ok", mode
+        return "ok", buf.getvalue()
     except UserError as exc:
-        msg = str(exc)
-        m = re.search(r"--mode (\S+) fits", msg) or re.search(r"use --mode (\S+)", msg)
-        if m and m.group(1) != mode:
-            status, used = _import(src, out, m.group(1))
-            return (f"{status} (--mode {used}: asp split does not fit)", used)
-        return msg.split(": cannot import: ")[-1], mode
+        return str(exc).split(": cannot import: ")[-1].replace(str(src) + ": ", ""), buf.getvalue()
 
 
 def _fmt(parts: dict[str, float], keys: tuple[str, ...]) -> str:
     return " / ".join(f"{parts.get(k, 0.0):.1f}" for k in keys)
 
 
-def _integrated(src: Path) -> bool:
-    """MindSpeed-RL runs the file colocated (`rl_config.use_integrated_worker: true`)."""
-    from omegaconf import OmegaConf
+def _sim(printed: str) -> str:
+    best, base = _BEST.search(printed), _BASE.search(printed)
+    if not best:
+        return "-"
+    if not base:
+        return f"{float(best.group(1)):.0f} s"
+    ratio = float(base.group(1)) / float(best.group(1))
+    fits = " (baseline does not pass check)" if base.group(2) else ""
+    return f"{float(best.group(1)):.0f} s vs {float(base.group(1)):.0f} s = {ratio:.2f}x{fits}"
 
-    raw = OmegaConf.to_container(OmegaConf.load(src))
-    rl = raw.get("rl_config") if isinstance(raw, dict) else None
-    return bool(isinstance(rl, dict) and rl.get("use_integrated_worker"))
 
-
-def _checked(src: Path, out: Path, mode: str) -> tuple[str, str, Any, Any]:
-    status, used = _import(src, out, mode)
-    if not out.exists():
-        return status, used, None, None
-    cfg = load_config(str(out), check=False)
-    t = cfg.trainer
-    return status, used, cfg, check(cfg, t.nnodes, t.n_devices_per_node, t.card)
+def _memory(lay: Any) -> tuple[str, str, str]:
+    trainer = [m for m in lay.memory if m.role.startswith("trainer")]
+    rollout = [m for m in lay.memory if m.role.startswith("rollout")]
+    worst = max(trainer, key=lambda m: m.total_gib) if trainer else None
+    tr = f"{_fmt(worst.parts, TRAINER_PARTS)} = {worst.total_gib:.1f}" if worst else "-"
+    ro = f"{_fmt(rollout[0].parts, ROLLOUT_PARTS)} = {rollout[0].total_gib:.1f}" if rollout else "-"
+    host = f"{lay.host_gib_per_node:.0f} / {lay.host_budget_gib:.0f}" if lay.host_budget_gib else "-"
+    return tr, ro, host
 
 
 def row(src: Path, mode: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours.yaml"
-        status, used, cfg, lay = _checked(src, out, mode)
-        if cfg is None:
-            return f"| {src.name} | | | refused: {status} | - | - | - |"
-        if lay.problems and used not in COLOCATED_MODES and _integrated(src):
-            out.unlink()
-            status, used, cfg, lay = _checked(src, out, "mindspeed-sync")
-            status += " (--mode mindspeed-sync: use_integrated_worker, as MindSpeed-RL runs it)"
+        status, printed = _import(src, out, mode)
+        if not out.exists():
+            return f"| {src.name} | | refused: {status} | - | - | - | - | - |"
+        cfg = load_config(str(out), check=False)
         t = cfg.trainer
-        trainer = [m for m in lay.memory if m.role.startswith("trainer")]
-        rollout = [m for m in lay.memory if m.role.startswith("rollout")]
-        worst = max(trainer, key=lambda m: m.total_gib) if trainer else None
+        lay = check(cfg, t.nnodes, t.n_devices_per_node, t.card)
         verdict = "OK" if not lay.problems else "FAIL: " + "; ".join(lay.problems)
-        arch = lay.arch.describe().split(" (")[0] + f" {lay.arch.model_type}" if lay.arch else "?"
-        cluster = f"{lay.nodes}x{lay.npus_per_node} {t.card or '910b'} ({used})"  # as check resolved it
-        tr = f"{_fmt(worst.parts, TRAINER_PARTS)} = {worst.total_gib:.1f}" if worst else "-"
-        ro = f"{_fmt(rollout[0].parts, ROLLOUT_PARTS)} = {rollout[0].total_gib:.1f}" if rollout else "-"
-        return f"| {src.name} | {arch} | {cluster} | {status} | {verdict} | {tr} | {ro} |"
+        chosen = _CHOSEN.search(printed)
+        tr, ro, host = _memory(lay)
+        cluster = f"{lay.nodes}x{lay.npus_per_node} {t.card or '910b'}"
+        layout = chosen.group(1) if chosen else "-"
+        return (f"| {src.name} | {cluster} | {cfg.rl_config.mode}: {layout} | {tr} | {ro} | {host} | "
+                f"{_sim(printed)} | {verdict} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no grpo_*/dapo_*/ppo_* YAML files in {args.folder}", file=sys.stderr)
         return 2
     print(
-        "| config | model | cluster (mode) | import | check | trainer GiB/NPU: weights / grads / optimizer / "
-        "activations / logits / reference / runtime = total | rollout GiB/NPU: trainer resident / weights / "
-        "workspace / KV cache / runtime = total |"
+        "| config | cluster | mode: layout chosen | trainer GiB/NPU (worst stage): weights / grads / "
+        "optimizer / activations / logits / reference / runtime = total | rollout GiB/NPU: weights / "
+        "workspace / KV cache / runtime = total | host GiB per node (used / left for the job) | "
+        "simulated iteration: asp vs colocated | check |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for f in files:
         print(row(f, args.mode), flush=True)
     return 0

@@ -1,19 +1,36 @@
 """`asp-npu check --config FILE [--nodes N --npus-per-node M]`: validate a config for a cluster
 before queueing for it, without touching hardware (what is checked: asp_npu/deploy/check.py).
 
-A bad config lists every problem on stderr and exits 2.
+A bad config lists every problem on stderr and exits 2. `--suggest` prints the layout search's best
+asynchronous splits of the same cluster (asp_npu/deploy/search.py); a config with `rl_config.layout: auto`
+is checked on the search's choice.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import TextIO
 
 from asp_npu.cli import command_parser
-from asp_npu.config import load_config
+from asp_npu.config import Config, load_config
 from asp_npu.deploy.check import check, format_layout, sim_estimate
 from asp_npu.deploy.layout import card_for
 from asp_npu.errors import UserError
+
+
+def _layout(cfg: Config, nodes: int, per_node: int, card_name: str, suggest: bool, out: TextIO) -> Config:
+    """`layout: auto`: the search's choice (printed); `--suggest`: the search printed, the config as given."""
+    from asp_npu.deploy.search import apply_layout_auto, format_result, search
+
+    card = card_for(card_name)
+    if cfg.rl_config.layout == "auto":
+        cfg, lines = apply_layout_auto(cfg, nodes, per_node, card)
+        lines.append("rl_config.layout: auto -> the best split above is checked below\n")
+        print("\n".join(lines), file=out)
+    elif suggest:
+        print("\n".join(format_result(search(cfg, nodes, per_node, card)) + [""]), file=out)
+    return cfg
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +46,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--card", default=None, help="910b | 910b4 | a2 | a3 (default: trainer.card)")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's estimate")
     p.add_argument("--json", action="store_true", help="print the layout as JSON instead of tables")
+    p.add_argument("--suggest", action="store_true",
+                   help="search the cluster's asynchronous layouts and print the best few (simulated)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides, check=False)
@@ -45,6 +64,7 @@ def main(argv: list[str]) -> int:
     )
     if nodes < 1 or per_node < 1:
         raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
+    cfg = _layout(cfg, nodes, per_node, card_name, args.suggest, sys.stderr if args.json else sys.stdout)
     lay = check(cfg, nodes, per_node, card_name)
     sim_rows, sim_note = (
         (None, "skipped (--no-sim)") if args.no_sim or lay.problems else sim_estimate(cfg, lay)

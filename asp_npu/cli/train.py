@@ -12,6 +12,7 @@ from pathlib import Path
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.core import run_dir as rd
+from asp_npu.deploy.search import resolve_layout
 from asp_npu.pipeline.preflight import preflight
 from asp_npu.pipeline.resume import Stopped, TrainerFailed
 from asp_npu.pipeline.train import train
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
                         help="replace a previous run's checkpoints in trainer.run_dir (default: refuse)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl_config.max_lag=2")
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides, check=False)
+    cfg = resolve_layout(load_config(args.config, args.overrides, check=False))  # rl_config.layout: auto
     kind = preflight(cfg)
     try:
         summary = train(cfg, kind, overwrite=args.overwrite)

@@ -8,10 +8,18 @@ inference TP with the formulas the preset's sources state: weight reads, KV read
 and trainer FLOPs per token scale with the model. Response lengths follow the same synthetic
 reasoning-trace shape, scaled to the config's `max_tokens`. An estimate to compare layouts and
 modes before queueing, not a measurement: calibrate on the cluster (`asp-npu calibrate`) for that.
+
+What the trainer's layout costs on top of its tokens (what the layout search trades against memory):
+- full recompute: one more forward of the update, 2N of the preset's 10N FLOP per token (x1.2);
+- pipeline parallelism: 1F1B's bubble, (PP - 1) / m more time for m micro-batches per rank and step;
+- optimizer state on the host: each step the host updates the rank's offloaded shard and the shard's
+  gradients / parameters cross PCIe, HOST_OPTIMIZER_S_PER_PARAM seconds per offloaded parameter
+  (charged as trainer step time).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -22,13 +30,41 @@ from asp_npu.deploy.layout import Layout
 HBM_BYTES_PER_S = 1.6e12  # Ascend 910B HBM bandwidth per NPU (an A3 die is taken as the same)
 ITERATIONS = 8
 ASP_LAG_FOR_SYNC_CONFIGS = 2  # a synchronous (lag 0) config: ASP is estimated at the shipped configs' lag
+# Host-side Adam per offloaded parameter of a rank, a documented figure (not measured by calibrate): torch's
+# multi-tensor Adam is memory-bound at ~28 bytes/param (read param, grad, 2 moments; write param, 2 moments)
+# over ~14 GB/s per rank (a Kunpeng 920 node's ~230 GB/s DDR shared by its 16 trainer ranks) = 2.0e-9 s,
+# plus the fp32 gradient down and the bf16 parameter up over PCIe 4.0 x16 (~25 GB/s): 6 B = 0.24e-9 s.
+HOST_OPTIMIZER_S_PER_PARAM = 2.24e-9
+FULL_RECOMPUTE_FACTOR = 1.2  # update 6N + old-logprob 2N + ref 2N, plus a second 2N forward of the update
+
+
+def trainer_layout_costs(cfg: Config, lay: Layout) -> tuple[float, float]:
+    """(factor on trainer seconds per token, extra seconds per optimizer step) of the trainer's layout."""
+    from asp_npu.deploy.memory import offloaded_params, seq_len, tokens_per_micro_batch
+
+    act, rl = cfg.actor_config, cfg.rl_config
+    per_rank = max(1, rl.mini_batch_size // max(1, act.data_parallel_size))
+    micro = max(1, per_rank * seq_len(cfg) // tokens_per_micro_batch(cfg)) if act.use_dynamic_bsz else max(
+        1, per_rank // act.micro_batch_size)
+    factor = (1 + (act.pipeline_model_parallel_size - 1) / micro) * (
+        FULL_RECOMPUTE_FACTOR if act.recompute_granularity == "full" else 1.0)
+    host_step = offloaded_params(cfg, lay.arch) * HOST_OPTIMIZER_S_PER_PARAM if lay.arch is not None else 0.0
+    return factor, host_step
+
+
+@functools.lru_cache(maxsize=1)
+def _paper() -> Any:
+    """The `paper` preset, read once (the layout search builds a preset per candidate)."""
+    from asp_npu.sim.preset import load_preset
+
+    return load_preset("paper")
 
 
 def build_preset(cfg: Config, lay: Layout) -> Any:
     """A `asp_npu.sim.preset.Preset` for this config on this layout."""
-    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
+    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec
 
-    base = load_preset("paper")
+    base = _paper()
     a = lay.arch
     assert a is not None
     gen, act, rl = cfg.generate_config, cfg.actor_config, cfg.rl_config
@@ -41,13 +77,16 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     weights_read = (a.dense_params / itp + a.expert_params / (iep if iep > 1 else itp)) * wb / HBM_BYTES_PER_S
     base_weights_read = ref_params * 2 / base_itp / HBM_BYTES_PER_S
     c = base.cost
+    layout_factor, host_step = trainer_layout_costs(cfg, lay)
     cost = replace(
         c,
         decode_a=c.decode_a - base_weights_read + weights_read,
         decode_c=a.kv_bytes_per_token(wb, 1) / itp / HBM_BYTES_PER_S,
         prefill_s_per_token=c.prefill_s_per_token * scale * base_itp / itp,
-        train_s_per_token=c.train_s_per_token * scale,
-        train_dp_devices=act.tensor_model_parallel_size * act.pipeline_model_parallel_size,
+        train_s_per_token=c.train_s_per_token * scale * layout_factor,
+        train_step_s=c.train_step_s + host_step,
+        train_dp_devices=act.tensor_model_parallel_size * act.pipeline_model_parallel_size
+        * act.context_parallel_size,
         micro_batch_size=act.micro_batch_size,
         refresh_s=c.refresh_s * scale,
         to_train_s=c.to_train_s * scale,
@@ -56,7 +95,7 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     devices = lay.rollout_npus + lay.trainer_npus
     if lay.colocated:
         devices = max(lay.rollout_npus, lay.trainer_npus)
-    rank_devices = act.tensor_model_parallel_size * act.pipeline_model_parallel_size
+    rank_devices = cost.train_dp_devices
     cluster = Cluster(
         devices=devices,
         infer_tp=itp,

@@ -5,8 +5,9 @@ MindSpeed-RL's sections are `megatron_training` (shared Megatron defaults), `act
 `rl_config` and `generate_config`; model architecture lives in `configs/model/<name>.yaml`, pulled
 in by Hydra `defaults`. Its integrated worker runs rollout and training on the same
 `rl_config.actor_resource.num_npus` NPUs; asp-npu (mode `asp`) gives rollout instances and the
-trainer their own NPUs, so the importer splits that NPU count between them, choosing the split
-closest to half/half that passes `asp-npu check` (`--mode mindspeed-sync` keeps the colocated layout).
+trainer their own NPUs, so the importer splits that NPU count between them with the layout search
+(`asp_npu.deploy.search`: instances x instance TP, trainer TP/PP/CP/DP, recompute and optimizer offload,
+the fitting split of best simulated throughput; `--mode mindspeed-sync` keeps the colocated layout).
 """
 
 from __future__ import annotations
@@ -336,6 +337,7 @@ class Translation:
         self.unmapped: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self.fits = True  # the chosen layout passes `asp-npu check`
+        self.blocker = ""  # the layout search found no fitting split: what does not fit
 
     def set(self, src: str, dotted: str, value: Any) -> None:
         node = self.out
@@ -820,6 +822,7 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
     key, swap = seen["swap_optimizer"]
     if key and swap:
         _swap_optimizer(tr, key)
+        tr.set(key, "actor_config.use_distributed_optimizer", True)  # HybridDeviceOptimizer needs it
     elif key:
         tr.mapped.append(key)
     key, cp = seen["context_parallel_size"]
@@ -907,6 +910,8 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
         trial.rl_config.mode = mode
         trial.generate_config.num_instances, trial.actor_config.data_parallel_size = choice
         tr.fits = _passes(trial, nodes, per_node, card)
+    elif _searched(base, nodes, per_node, card, mode, tr):
+        return
     else:
         candidates = []
         for dp in range(1, total // replica + 1):
@@ -948,6 +953,36 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
         f"{k} NPUs (TP{itp}) + trainer TP{tp} x PP{pp}{cp} x DP{choice[1]}"
         + (" (colocated)" if mode in COLOCATED_MODES else "")
     )
+
+
+def _searched(base: Config, nodes: int, per_node: int, card: Card, mode: str, tr: Translation) -> bool:
+    """The layout search's best fitting split written into `tr` (False: none fits; its reason noted)."""
+    from asp_npu.deploy.search import format_result, search
+
+    trial = copy.deepcopy(base)
+    trial.rl_config.mode = mode
+    res = search(trial, nodes, per_node, card)
+    if not res.ranked:
+        tr.blocker = res.blocker
+        return False
+    best = res.ranked[0]
+    act, gen = best.cfg.actor_config, best.cfg.generate_config
+    out_act, out_gen = tr.out.setdefault("actor_config", {}), tr.out.setdefault("generate_config", {})
+    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+              "data_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+              "recompute_num_layers", "use_distributed_optimizer", "optimizer_cpu_offload",
+              "optimizer_offload_fraction"):
+        out_act[k] = getattr(act, k)
+    out_act["num_layer_list"] = list(act.num_layer_list)
+    out_gen["num_instances"] = gen.num_instances
+    out_gen["infer_tensor_parallel_size"] = gen.infer_tensor_parallel_size
+    tr.out.setdefault("rl_config", {}).update(mode=mode, max_lag=best.cfg.rl_config.max_lag)
+    tr.out["trainer"] = {**tr.out.get("trainer", {}), "device": "npu", "nnodes": nodes,
+                         "n_devices_per_node": per_node, "card": card.name}
+    tr.notes += format_result(res, shown=3)
+    tr.notes.append(f"layout: {nodes * per_node} NPUs ({nodes} x {per_node} {card.name}) -> "
+                    f"{best.cand.describe()}")
+    return True
 
 
 def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: str = "asp") -> Translation:
@@ -1025,7 +1060,9 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
             if colocated is not None and colocated.fits:
                 raise UserError(
                     f"{source}: no split of its {num_npus} NPUs between rollout instances and the trainer "
-                    f"passes `asp-npu check` in mode {mode}; --mode mindspeed-sync fits (rollout and "
+                    f"passes `asp-npu check` in mode {mode}"
+                    + (f" (smallest footprint: {tr.blocker})" if tr.blocker else "")
+                    + "; --mode mindspeed-sync fits (rollout and "
                     "training take turns on every NPU, as MindSpeed-RL runs it)"
                 )
             if no_split is not None:

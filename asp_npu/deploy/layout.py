@@ -45,13 +45,20 @@ __all__ = [
 
 
 
+# host_memory_gib: the typical shipped configuration of each server (A2: 1 TB DDR, A3: 2 TB DDR), not a
+# specification -- set trainer.host_memory_gib to what `free -g` says on yours
 CARDS: dict[str, Card] = {
-    "910b": Card("910b", 64.0, 8, "Atlas 800T A2 (Ascend 910B1-B3), 64 GB HBM per NPU, 8 NPUs per node"),
-    "910b4": Card("910b4", 32.0, 8, "Atlas 800T A2 (Ascend 910B4), 32 GB HBM per NPU, 8 NPUs per node"),
+    "910b": Card("910b", 64.0, 8, "Atlas 800T A2 (Ascend 910B1-B3), 64 GB HBM per NPU, 8 NPUs per node",
+                 1024.0),
+    "910b4": Card("910b4", 32.0, 8, "Atlas 800T A2 (Ascend 910B4), 32 GB HBM per NPU, 8 NPUs per node",
+                  1024.0),
     "a3": Card(
-        "a3", 64.0, 16, "Atlas 800T A3 (Ascend 910C, 2 dies per chip), 64 GB HBM per die, 16 per node"
+        "a3", 64.0, 16, "Atlas 800T A3 (Ascend 910C, 2 dies per chip), 64 GB HBM per die, 16 per node", 2048.0
     ),
 }
+# what else lives in a node's host memory: Ray's object store (30% of it by default, at most 200 GB) and the
+# OS, the driver, the data loader and vLLM's host side (32 GiB)
+RAY_OBJECT_STORE_FRACTION, RAY_OBJECT_STORE_MAX_GIB, HOST_OS_RESERVE_GIB = 0.3, 200e9 / GIB, 32.0
 CARD_ALIASES = {"": "910b", "a2": "910b", "910b1": "910b", "910b2": "910b", "910b3": "910b", "910c": "a3"}
 
 
@@ -105,6 +112,8 @@ class Layout:
     memory: list[MemoryEstimate] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    host_gib_per_node: float = 0.0  # the fullest node's host memory for the job's own state (optimizer)
+    host_budget_gib: float = 0.0  # what is left of the node's host memory for it (0 = not checked)
 
     @property
     def total_npus(self) -> int:
@@ -342,10 +351,46 @@ def _memory(cfg: Config, arch: Arch, lay: Layout) -> None:
             "trainer phase: the engines sleep (vLLM sleep mode level 1: weights to host, KV cache freed), "
             "so each trainer row above has the NPU to itself"
         )
+    _host_memory(cfg, lay, trainer, inst)
     if not lay.colocated and gen.gpu_memory_utilization < 0.7:
         lay.warnings.append(
             f"generate_config.gpu_memory_utilization {gen.gpu_memory_utilization}: rollout NPUs are not"
             " shared with training in this mode; 0.85-0.9 gives the KV cache the rest"
+        )
+
+
+def host_budget_gib(cfg: Config, card: Card) -> tuple[float, float]:
+    """(host memory per node, what is left of it for the job's state) in GiB; (0, 0) = unknown."""
+    total = cfg.trainer.host_memory_gib or card.host_memory_gib
+    if total <= 0:
+        return 0.0, 0.0
+    ray = min(RAY_OBJECT_STORE_FRACTION * total, RAY_OBJECT_STORE_MAX_GIB)
+    return total, total - ray - HOST_OS_RESERVE_GIB
+
+
+def _host_memory(cfg: Config, lay: Layout, trainer: list[MemoryEstimate], inst: MemoryEstimate) -> None:
+    """Host bytes of the fullest node: every trainer rank's offloaded optimizer state and pinned gradients
+    (the largest stage's, an upper bound), and in a colocated mode what offload_train_* move there while
+    the engines generate, or the sleeping engine's weights while the trainer runs (the larger)."""
+    total, budget = host_budget_gib(cfg, lay.card)
+    per_rank = max(t.host_gib for t in trainer)
+    if lay.colocated:
+        moved = max(sum(t.parts.values()) - t.parts["runtime"] - t.parts["activations"] - t.parts["logits"]
+                    - trainer_resident_gib(cfg, t) for t in trainer)
+        per_rank += max(moved, inst.parts["weights"])  # rollout phase | trainer phase
+    ranks: dict[int, int] = {}
+    for g in lay.trainer:
+        ranks[g.node] = ranks.get(g.node, 0) + len(g.npus)
+    lay.host_gib_per_node = per_rank * max(ranks.values(), default=0)
+    lay.host_budget_gib = budget
+    if budget and lay.host_gib_per_node > budget:
+        lay.problems.append(
+            f"host memory: a node holds ~{lay.host_gib_per_node:.0f} GiB of the trainer's state ("
+            f"{max(ranks.values())} ranks x {per_rank:.1f} GiB: optimizer state offloaded at "
+            f"{cfg.actor_config.optimizer_offload_fraction:g}, pinned gradients"
+            + (", offload_train_* and sleeping engine weights" if lay.colocated else "")
+            + f") > {budget:.0f} GiB left of trainer.host_memory_gib {total:.0f} (Ray object store, OS); "
+            "lower actor_config.optimizer_offload_fraction or use more nodes"
         )
 
 

@@ -9,11 +9,17 @@ split over TP, routed experts over EP x expert-TP (megatron's expert_tensor_para
 default, 1 for MindSpeed's moe_tp_extend_ep, whose TP x EP split is megatron's EP), and expert optimizer
 state over the expert data-parallel group TP x CP x DP / (EP x expert-TP). Each pipeline stage holds
 its own layers (`num_layer_list` for uneven stages); the check reports the first, the last and the
-largest middle stage. MindSpeed's `swap_optimizer` is not modelled: the trainer keeps the optimizer
-state on the NPU, so the estimate is the un-swapped (larger) one.
+largest middle stage.
+
+Optimizer state on the host (`actor_config.optimizer_cpu_offload`, megatron-core's HybridDeviceOptimizer;
+MindSpeed's `swap_optimizer` imports to it): the NPU keeps (1 - optimizer_offload_fraction) of the rank's
+optimizer shard; the host keeps, per offloaded parameter of the shard, the fp32 master copy and both Adam
+moments (12 bytes) plus a pinned fp32 gradient buffer the step reads (4 bytes): 16 bytes. The fp32 main
+gradients stay on the NPU (megatron's DDP buffer), so they are not subtracted.
 
 Activations follow Korthikanti et al. (2022) with flash attention (no s^2 score term, so selective
-recomputation of core attention stores the same bytes as none) for a SwiGLU MLP, per layer and
+recomputation -- megatron-core's default `recompute_modules` [core_attn] -- stores the same bytes as none
+and costs no extra compute: the search tries none and full) for a SwiGLU MLP, per layer and
 micro-batch of T tokens: replicated 10h (two norm inputs, attention and MLP inputs, two dropout masks)
 plus TP-split Q/K/V/attention-output and MLP (6F; MoE: top-k x (2h + 6F_expert) for the permuted
 tokens + 6F_shared). Sequence parallelism divides the replicated part by TP too. Full recompute keeps
@@ -37,6 +43,7 @@ from asp_npu.deploy.arch import Arch
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 3.0  # CANN/HCCL workspaces and buffers (HCCL_BUFFSIZE per comm group), allocator slack
+HOST_BYTES_PER_OFFLOADED_PARAM = 16  # fp32 master + exp_avg + exp_avg_sq + pinned fp32 gradient
 TRAINER_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "runtime")
 ROLLOUT_PARTS = ("trainer_resident", "weights", "workspace", "kv_cache", "runtime")
 
@@ -49,6 +56,7 @@ class Card:
     memory_gib: float
     npus_per_node: int
     description: str
+    host_memory_gib: float = 0.0  # host DRAM per node, the typical configuration (trainer.host_memory_gib)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class MemoryEstimate:
     parts: dict[str, float]  # GiB per NPU
     budget_gib: float
     kv_tokens: int = 0  # rollout: KV cache capacity in tokens per instance
+    host_gib: float = 0.0  # host memory this role's rank (one NPU) holds: optimizer state offloaded to it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -208,6 +217,7 @@ def stage_memory(cfg: Config, arch: Arch, card: Card, stage: int) -> MemoryEstim
     opt_b = 8 + (4 if wb == 2 else 0)
     expert_dp = max(1, tp * cp * dp // (ep * expert_tp(cfg)))
     opt_div, expert_opt_div = (dp * cp, expert_dp) if act.use_distributed_optimizer else (1, 1)
+    off = offload_fraction(cfg)
     tokens = tokens_per_micro_batch(cfg)
     per_step = rl.mini_batch_size // max(1, dp)  # samples per DP rank per optimizer step
     n_micro = (
@@ -221,14 +231,16 @@ def stage_memory(cfg: Config, arch: Arch, card: Card, stage: int) -> MemoryEstim
     parts = {
         "weights": params * wb / GIB,
         "gradients": params * 4 / GIB,
-        "optimizer": (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
+        "optimizer": (1 - off) * (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
         "activations": acts / GIB,
         "logits": (8 * tokens * arch.vocab_size / tp / cp / GIB) if stage == pp - 1 else 0.0,
         "reference": (params * wb / GIB) if rl.kl_coef > 0 and not act.offload_train_param else 0.0,
         "runtime": RUNTIME_RESERVE_GIB,
     }
     name = "first" if stage == 0 else "last" if stage == pp - 1 else "largest middle"
-    est = MemoryEstimate(f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib)
+    shard = sp.dense / opt_div + sp.experts / expert_opt_div  # parameters this rank's optimizer updates
+    est = MemoryEstimate(f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib,
+                         host_gib=off * shard * HOST_BYTES_PER_OFFLOADED_PARAM / GIB)
     est.notes.append(
         f"{sp.layers} layers ({sp.moe_layers} MoE), {params / 1e9:.2f}B params per rank"
         + (f" ({sp.experts / 1e9:.2f}B expert, EP{ep} x expert TP{expert_tp(cfg)})" if sp.experts else "")
@@ -237,8 +249,28 @@ def stage_memory(cfg: Config, arch: Arch, card: Card, stage: int) -> MemoryEstim
         + ", "
         + how
         + (", sequence parallel" if act.sequence_parallel and tp > 1 else "")
+        + (f"; optimizer {off:.0%} on the host: {est.host_gib:.1f} GiB per rank" if off else "")
     )
     return est
+
+
+def offload_fraction(cfg: Config) -> float:
+    """Share of the optimizer state megatron-core's HybridDeviceOptimizer keeps on the host (0 = none)."""
+    act = cfg.actor_config
+    return min(1.0, max(0.0, act.optimizer_offload_fraction)) if act.optimizer_cpu_offload else 0.0
+
+
+def offloaded_params(cfg: Config, arch: Arch) -> float:
+    """Parameters one trainer rank updates on the host per optimizer step (the largest stage's shard)."""
+    act = cfg.actor_config
+    off = offload_fraction(cfg)
+    if not off:
+        return 0.0
+    dp_cp = act.data_parallel_size * act.context_parallel_size
+    expert_dp = max(1, act.tensor_model_parallel_size * dp_cp
+                    // (act.expert_model_parallel_size * expert_tp(cfg)))
+    shards = [stage_params(cfg, arch, s) for s in range(act.pipeline_model_parallel_size)]
+    return off * max(sp.dense / dp_cp + sp.experts / expert_dp for sp in shards)
 
 
 def trainer_resident_gib(cfg: Config, est: MemoryEstimate) -> float:

@@ -59,6 +59,9 @@ class RLSpec:
     # every token's lag stays within max_token_lag (None: 4 x the mode's max_lag)
     partial_rollout: bool = False
     max_token_lag: int | None = None
+    # "" = asp splits its devices like every disaggregated mode (cluster.split; the sweep's fixed trainer) |
+    # auto: asp simulates every split of the same devices and keeps its best (rl_config.layout: auto)
+    layout: str = ""
 
 
 @dataclass
@@ -292,6 +295,8 @@ def validate(p: Preset) -> list[str]:
         bad.append(f"rl.max_token_lag ({r.max_token_lag}) must be >= rl.max_lag ({r.max_lag})")
     if r.plan_window < 1:
         bad.append(f"rl.plan_window must be >= 1 (got {r.plan_window})")
+    if r.layout not in ("", "auto"):
+        bad.append(f"rl.layout must be auto or empty (got {r.layout!r})")
     if r.executor not in ("stream", "unit"):
         bad.append(f"rl.executor must be stream|unit (got {r.executor!r})")
     if r.predictor not in ("history", "prompt-len", "oracle"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,13 +66,17 @@ def simulate(preset: Preset, workload: Workload, mode: str, instances: int | Non
     """Simulate one mode (optionally at a fixed instance count) and compute its metrics.
 
     With `cluster.split: search` a disaggregated mode runs every candidate split and keeps its best
-    (the same search for every mode); `split: rule` uses `split_devices` directly.
+    (the same search for every mode); `split: rule` uses `split_devices` directly. `rl.layout: auto`
+    searches asp's split that way at a sweep point too (the point's device count, any trainer size).
     """
     if mode not in SPECS:
         raise UserError(f"unknown mode '{mode}' (modes: {', '.join(MODES)})")
-    if instances is None and not SPECS[mode].colocated_in_sim and preset.cluster.split == "search":
+    auto = mode == "asp" and preset.rl.layout == "auto"  # ASP's own split of the same devices
+    if auto or instances is None and not SPECS[mode].colocated_in_sim and preset.cluster.split == "search":
         t0 = time.perf_counter()
-        tried = [simulate_layout(preset, workload, mode, lay) for lay in candidate_splits(preset)]
+        devices = None if instances is None else instances * preset.cluster.infer_tp + (
+            preset.cluster.sweep_trainer_devices)  # the sweep point's device count, as every mode gets
+        tried = [simulate_layout(preset, workload, mode, lay) for lay in candidate_splits(preset, devices)]
         best = max(tried, key=lambda r: r.metrics["throughput_tokens_per_s"])
         best.metrics["split_search"] = {
             f"{r.layout.instances}x{r.layout.instance_devices}+{r.layout.trainer_devices}T": round(
@@ -100,7 +104,9 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     out = metrics(res, workload)
     if sharing["applied"] or "colocated_decode_slowdown" in sharing:
         out["core_sharing"] = sharing
-    bound = limit(preset, workload, spec.colocated, spec.barrier)
+    # the bound on the devices this run has (a sweep point has its own count)
+    on_devices = replace(preset, cluster=replace(preset.cluster, devices=layout.devices))
+    bound = limit(on_devices, workload, spec.colocated, spec.barrier)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
     out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
     out["limit"] = bound.as_dict()
