@@ -352,14 +352,21 @@ def _experts_split(k: str, v: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 class _process_group:
-    """A one-process gloo group for megatron's checkpoint reader when none is running (the CLI);
-    inside the trainer every rank reads and the trainer's own group serves."""
+    """A one-process gloo group for megatron's checkpoint reader when none is running (the CLI), with
+    the device preparation the trainer does (megatron's reader calls torch.cuda); inside the trainer
+    every rank reads and the trainer's own group serves."""
 
     def __enter__(self) -> None:
         import torch.distributed as dist
 
+        from asp_npu import device
+        from asp_npu.trainer import cpu_compat
+
         self.mine = not dist.is_initialized()
         if self.mine:
+            kind = device.detect("auto")
+            device.prepare_megatron(kind)
+            cpu_compat.prepare(kind)
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
     def __exit__(self, *exc: object) -> None:

@@ -114,7 +114,7 @@ def test_dist_names_unstack_layers_and_experts() -> None:
 def test_missing_rank_is_named(tmp_path: Path) -> None:
     root = write_legacy(tmp_path, _hf_state(DIMS), 2, 2)
     (root / "iter_0000020" / "mp_rank_01_001" / LEGACY_FILE).unlink()
-    with pytest.raises(UserError, match=r"missing 1 of 4 model-parallel ranks \(TP=2 x PP=2\): mp_rank_01_001"):
+    with pytest.raises(UserError, match=r"missing 1 of 4 model-parallel ranks \(TP=2 x PP=2\): mp_rank_01_0"):
         locate(root)
 
 
