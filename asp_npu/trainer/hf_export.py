@@ -119,24 +119,33 @@ def megatron_to_hf_folder(load_megatron: str | Path, model_dir: str | Path, out:
 
 # ------------------------------------------------------------------ export of a trainer checkpoint
 def checkpoint_iteration(root: str | Path, step: int | None) -> dict[str, Any]:
-    """The complete iteration to export (`latest.json`'s, or `iter_<step>`) and its trainer.json."""
+    """The complete iteration to export (`latest.json`'s, `iter_<step>`, or `root` itself) and its
+    trainer.json. Any schema exports: only the model tensors of `dist/` are read."""
     from asp_npu.io import read_json_file
-    from asp_npu.trainer.checkpoint import POINTER, TRAINER_META, complete_iterations, read_meta
+    from asp_npu.trainer.checkpoint import POINTER, TRAINER_META, complete_iterations
 
     r = Path(root)
     if not r.is_dir():
         raise UserError(f"{root}: not a folder (expected RUN_DIR/checkpoints)")
-    if step is None and not (r / POINTER).is_file() and not (r / TRAINER_META).is_file():
-        have = ", ".join(str(int(p.name[5:])) for p in complete_iterations(r))
-        raise UserError(f"{root}: no {POINTER} (a torn or foreign checkpoint folder)"
-                        + (f"; complete steps: {have} (--step N)" if have else ""))
-    if step is None:
-        return read_meta(r)
-    it = r / f"iter_{step:07d}"
+    have = ", ".join(str(int(p.name[5:])) for p in complete_iterations(r))
+    hint = f"; complete steps: {have} (--step N)" if have else "; no complete iteration"
+    if step is not None:
+        it = r / f"iter_{step:07d}"
+    elif (r / TRAINER_META).is_file():
+        it = r
+    elif not (r / POINTER).is_file():
+        raise UserError(f"{root}: no {POINTER} (a torn or foreign checkpoint folder){hint}")
+    else:
+        try:
+            it = r / str(read_json_file(r / POINTER, "checkpoint pointer")["iteration"])
+        except (UserError, KeyError, TypeError) as exc:
+            raise UserError(f"{r / POINTER}: torn or unreadable checkpoint pointer ({exc}){hint}") from None
     if not (it / TRAINER_META).is_file():
-        have = ", ".join(str(int(p.name[5:])) for p in complete_iterations(r)) or "none"
-        raise UserError(f"{root}: step {step} has no complete iteration ({it.name}; complete steps: {have})")
-    return {**read_json_file(it / TRAINER_META, "trainer checkpoint metadata"), "path": str(it)}
+        raise UserError(f"{root}: {it.name} is incomplete or missing (no {TRAINER_META}){hint}")
+    meta = read_json_file(it / TRAINER_META, "trainer checkpoint metadata")
+    if not isinstance(meta, dict):
+        raise UserError(f"{it / TRAINER_META}: not a JSON object")
+    return {**meta, "path": str(it)}
 
 
 def export_checkpoint(root: str | Path, out: str | Path, step: int | None = None,
@@ -161,8 +170,8 @@ def export_checkpoint(root: str | Path, out: str | Path, step: int | None = None
         raise UserError(f"{meta['path']}: incomplete checkpoint (no dist/.metadata)")
     hf = full_megatron_to_hf(read_dist(dist_dir, "export-hf"), dims)
     dtype = next(iter(hf.values())).dtype
-    info = {"source": str(Path(meta["path"]).resolve()), "step": int(meta["step"]),
-            "policy_version": int(meta["policy_version"]), "model_path": str(src)}
+    info = {"source": str(Path(meta["path"]).resolve()), "step": int(meta.get("step", -1)),
+            "policy_version": int(meta.get("policy_version", -1)), "model_path": str(src)}
     write_hf_folder(hf, src, dest, dtype, info, max_shard_bytes)
     return {**info, "out": str(dest), "dtype": _name(dtype), "tensors": len(hf),
             "bytes": int(sum(t.numel() * t.element_size() for t in hf.values()))}

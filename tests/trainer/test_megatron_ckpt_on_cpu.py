@@ -195,3 +195,16 @@ def test_validate_lists_a_broken_megatron_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not a folder"):
         load_config(None, [f"model.load_megatron={tmp_path / 'nope'}", "model.build_if_missing=false",
                            f"model.path={tmp_path}"])
+
+
+def test_mindspeed_rl_load_imports_as_the_initial_policy(tmp_path: Path) -> None:
+    """MindSpeed-RL's actor_config.load (./ckpt in its GRPO configs: a MindSpeed-LLM conversion)."""
+    from omegaconf import OmegaConf
+
+    from asp_npu.cli import main as cli_main
+
+    fixture = Path(__file__).parents[1] / "deploy" / "fixtures" / "grpo_qwen25_7b_A3.yaml"
+    out = tmp_path / "asp.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(fixture), "--out", str(out)]) == 0
+    cfg = OmegaConf.load(out)
+    assert cfg.model.load_megatron == "./ckpt" and not cfg.actor_config.get("load")
