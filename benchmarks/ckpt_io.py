@@ -131,13 +131,23 @@ def bad_input(root: Path, ckpt: Path, legacy: Path) -> list[dict[str, Any]]:
     torn = root / "torn"
     (torn / "iter_0000002").mkdir(parents=True)
     holes = root / "holes"
-    shutil.copytree(legacy, holes)
+    if legacy.is_dir():
+        shutil.copytree(legacy, holes)
+    else:  # the same layout, written by the unit tests' writer
+        from tests.trainer.test_convert import DIMS, _hf_state
+        from tests.trainer.test_megatron_ckpt_on_cpu import write_legacy
+
+        write_legacy(holes, _hf_state(DIMS), 2, 2, iteration=7)
     (holes / "iter_0000007" / "mp_rank_01_001" / "model_optim_rng.pt").unlink()
     bad_tp = root / "tp3" / "iter_0000001"
     for t in range(3):
         (bad_tp / f"mp_rank_{t:02d}").mkdir(parents=True)
         (bad_tp / f"mp_rank_{t:02d}" / "model_optim_rng.pt").write_bytes(b"x")
     model = root / "hf"
+    if not model.is_dir():
+        from tests.trainer.helpers import make_hf_model
+
+        make_hf_model(model, tied=False)
     cases = [
         ["export-hf", str(torn), "--out", str(root / "o1")],
         ["export-hf", str(ckpt), "--step", "9", "--out", str(root / "o2")],
@@ -156,6 +166,7 @@ def bad_input(root: Path, ckpt: Path, legacy: Path) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--parts", default="initial,export,bad", help="which parts to measure (comma list)")
     ap.add_argument("--vllm-greedy", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.vllm_greedy:
@@ -166,10 +177,19 @@ def main() -> None:
     os.environ.update(loopback_env())
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        result = {"initial_policy": initial_policy(root / "in")}
-        result["export"] = export(root / "out")
-        ckpt = Path(result["export"].pop("ckpt"))
-        result["bad_input"] = bad_input(root / "in", ckpt, root / "in" / "legacy")
+        (root / "in").mkdir()
+        (root / "out").mkdir()
+        parts = args.parts.split(",")
+        result: dict[str, Any] = {}
+        if "initial" in parts:
+            result["initial_policy"] = initial_policy(root / "in")
+            print(json.dumps(result), file=sys.stderr, flush=True)  # each part as soon as it is measured
+        if "export" in parts:
+            result["export"] = export(root / "out")
+            print(json.dumps(result["export"]), file=sys.stderr, flush=True)
+        if "bad" in parts:
+            ckpt = Path(result.get("export", {}).pop("ckpt", root / "out" / "run" / "checkpoints"))
+            result["bad_input"] = bad_input(root / "in", ckpt, root / "in" / "legacy")
     print(json.dumps(result, indent=2 if args.json else None))
 
 

@@ -116,4 +116,5 @@ def trained_checkpoint(rank: int, world: int, port: int, model_dir: str, ckpt: s
     for seed in (0, 1):
         w.train_step(make_batch(seed=seed))
     w.save(ckpt)
-    return _full_logits(w, _ids()).float().numpy() if rank == 0 else None
+    logits = _full_logits(w, _ids()).float().numpy()  # a TP collective: every rank runs it
+    return logits if rank == 0 else None
