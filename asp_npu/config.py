@@ -72,6 +72,10 @@ class ModelConfig(Section):
     #                              (an existing folder's config.json decides otherwise)
     dtype: str = "float32"  # float32 | bfloat16
     warm_start_steps: int = 0  # `asp-npu train`: supervised warm-start steps before RL (0 = none)
+    load_megatron: str = ""  # Megatron weights as the initial policy (Megatron-LM / MindSpeed-LLM: legacy
+    #                          iter_*/mp_rank_*/model_optim_rng.pt or a dist checkpoint, any TP/PP);
+    #                          model.path still gives config + tokenizer. MindSpeed-RL's actor_config.load
+    #                          naming such a folder lands here
     arch: ModelArch = field(default_factory=ModelArch)
 
 
@@ -512,6 +516,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.path: '{cfg.model.path}' does not exist")
     problems += _arch_problems(cfg)
     problems += _reward_problems(cfg)
+    problems += _load_megatron_problems(cfg)
     return problems
 
 
@@ -545,6 +550,40 @@ def data_problems(cfg: Config) -> list[str]:
         out.append(f"rl_config.overlong_buffer: must be in (0, max_tokens={max_tokens}) when "
                    f"overlong_buffer_enable (got {rl.overlong_buffer})")
     return out
+
+
+def _load_megatron_problems(cfg: Config) -> list[str]:
+    """`model.load_megatron`: a complete Megatron checkpoint whose TP/PP/EP split fits model.path's
+    heads, layers and experts (names only: nothing is read). Like model.path, a folder that is not
+    here is only refused without model.build_if_missing (`check` and `import-config` look at a config
+    whose folders live on the cluster)."""
+    path = cfg.model.load_megatron
+    if not path or (cfg.model.build_if_missing and not Path(path).exists()):
+        return []
+    from asp_npu.arch import ModelDims
+    from asp_npu.data.megatron_folder import dims_problems, locate
+
+    try:
+        folder = locate(path)
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            return []  # built by init-model, or reported as model.path
+        return dims_problems(folder, ModelDims.from_hf_dir(cfg.model.path))
+    except UserError as exc:
+        return [str(exc)]
+
+
+def foreign_load(cfg: Config) -> Config:
+    """MindSpeed-RL's `actor_config.load` names Megatron weights (e.g. a MindSpeed-LLM conversion,
+    ./qwen3_32b_tp8pp2): they are the initial policy (`model.load_megatron`), not a run to resume. An
+    asp-npu checkpoint (latest.json / trainer.json) stays a resume."""
+    load = cfg.actor_config.load
+    if load and not cfg.model.load_megatron:
+        from asp_npu.data.megatron_folder import is_megatron
+
+        if is_megatron(load):
+            changed: Config = with_changes(cfg, {"model.load_megatron": load, "actor_config.load": ""})
+            return changed
+    return cfg
 
 
 def _arch_problems(cfg: Config) -> list[str]:
@@ -734,7 +773,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
             if bad:
                 raise ConfigError(f"override '{bad[0]}' is not of the form key=value")
             base = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
-        cfg: Config = OmegaConf.to_object(base)  # type: ignore[assignment]
+        cfg: Config = foreign_load(OmegaConf.to_object(base))  # type: ignore[arg-type]
     except OmegaConfBaseException as exc:
         msg = str(exc).splitlines()[0]
         key = getattr(exc, "full_key", None)

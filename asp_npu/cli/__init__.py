@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("asp_npu.cli.calibrate", "measure the local vLLM engine for the simulator's cpu preset"),
     "init-model": ("asp_npu.cli.init_model", "build a local tokenizer + random model (no download)"),
     "sft": ("asp_npu.cli.sft", "supervised warm-start on a synthetic task"),
+    "export-hf": ("asp_npu.cli.export_hf", "write a trainer checkpoint as a Hugging Face model folder"),
     "train": ("asp_npu.cli.train", "GRPO training with the ASP asynchronous pipeline"),
     "check": ("asp_npu.cli.check", "validate a config against a cluster without touching hardware"),
     "import-config": ("asp_npu.cli.import_config", "translate a MindSpeed-RL GRPO config into ours"),

@@ -173,7 +173,7 @@ _DIRECT = {
     "lr": "actor_config.lr",
     "weight_decay": "actor_config.weight_decay",
     "clip_grad": "actor_config.clip_grad",
-    "load": "actor_config.load",
+    "load": "model.load_megatron",  # MindSpeed-LLM-converted Megatron weights: the initial policy
     "save": "actor_config.save",
     **{k: f"actor_config.{k}" for k in (  # the lr schedule and Adam (asp_npu.trainer.optim)
         "lr_decay_style", "min_lr", "lr_warmup_fraction", "lr_warmup_iters", "lr_warmup_init",
@@ -233,7 +233,7 @@ _TRAINING_REASONS = {
     "distributed_backend": "chosen by asp_npu.device: hccl on NPU, nccl on CUDA, gloo on CPU",
     "no_shared_storage": "asp-npu expects model.path and data.data_path on every node",
     "seq_length": "asp-npu sizes training sequences as max_prompt_length + max_tokens (max_model_len)",
-    "finetune": "asp-npu always starts from model.path (or actor_config.load) without optimizer state",
+    "finetune": "asp-npu always starts from model.path (or model.load_megatron) without optimizer state",
     "no_load_optim": "resume semantics are asp-npu's own (trainer checkpoints hold the optimizer)",
     "no_load_rng": "resume semantics are asp-npu's own (trainer checkpoints hold the RNG)",
     "no_save_optim": "asp-npu checkpoints always hold the optimizer",

@@ -56,6 +56,18 @@ def warm_start(cfg: Config, run: rd.RunDir) -> Config:
     return with_changes(cfg, {"model.path": str(out)})
 
 
+def initial_policy(cfg: Config, run: rd.RunDir) -> Config:
+    """`model.load_megatron`: the Megatron weights become an HF folder in the run directory that
+    instances and trainer both start from (`model.path` from here on); a resumed run skips it."""
+    if not cfg.model.load_megatron or cfg.actor_config.load:
+        return cfg
+    from asp_npu.trainer.hf_export import megatron_to_hf_folder
+
+    out = megatron_to_hf_folder(cfg.model.load_megatron, cfg.model.path, run.path / "initial_policy")
+    print(f"initial policy: {cfg.model.load_megatron} -> {out}", file=sys.stderr)
+    return with_changes(cfg, {"model.path": str(out), "model.load_megatron": ""})
+
+
 def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
     """Refuse (UserError) a `trainer.run_dir` the run may not use, before anything is built.
     A run resuming from `actor_config.load` keeps the checkpoints it finds there."""
@@ -128,6 +140,7 @@ def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, c
                    label: str) -> dict[str, Any]:
     """Warm start (if configured), then the controller from start to its summary (restarted from the
     last checkpoint when a trainer rank fails, `trainer.max_restarts` times)."""
+    cfg = initial_policy(cfg, run)
     cfg = warm_start(cfg, run)
     restarts: list[dict[str, Any]] = []  # each attempt's run_log starts with the restarts before it
     while True:

@@ -207,7 +207,7 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         got = meta.get("schema") if isinstance(meta, dict) else meta
         raise ConfigError(f"{it}: schema {got!r} is not {SCHEMA} (written by an older "
-                          "asp-npu: export it to an HF folder and start from that)")
+                          "asp-npu: `asp-npu export-hf` writes its weights as an HF folder to start from)")
     return {**meta, "path": str(it)}
 
 

@@ -53,6 +53,17 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
     raise ConfigError(f"model.path: '{path}' holds no model.safetensors / pytorch_model.bin")
 
 
+def initial_weights(model_path: str | Path, dims: ModelDims,
+                    load_megatron: str = "") -> dict[str, torch.Tensor]:
+    """The full HF tensors a trainer starts from: the Megatron checkpoint `model.load_megatron` names
+    (any TP/PP, merged), else the HF folder's own weights."""
+    if load_megatron:
+        from asp_npu.trainer.megatron_ckpt import read_megatron
+
+        return read_megatron(load_megatron, dims)
+    return read_hf_state(model_path)
+
+
 def _tp_chunk(t: torch.Tensor, tp: int, rank: int, dim: int = 0) -> torch.Tensor:
     return torch.chunk(t, tp, dim=dim)[rank].clone()
 
@@ -241,33 +252,57 @@ def megatron_stage_to_hf(model: torch.nn.Module, dims: ModelDims,
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     src = model.state_dict() if tensors is None else tensors
     sd = {k: v.detach() for k, v in src.items() if not k.endswith("_extra_state")}
+    return _stage_to_hf(sd, dims, megatron_layers(model), pp_rank == 0, pp_rank == pp - 1, _tp_gather,
+                        lambda m, h: _experts_to_hf(sd, m, h, dims))
+
+
+def full_megatron_to_hf(sd: Mapping[str, torch.Tensor], dims: ModelDims) -> dict[str, torch.Tensor]:
+    """HF tensors from a whole model in megatron names at TP=1 (global layer and expert indices,
+    `mlp.experts.local_experts.{e}` for every expert e): what a Megatron checkpoint merges to."""
+
+    def one(t: torch.Tensor) -> list[torch.Tensor]:
+        return [t]
+
+    def experts(m: str, h: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for e in range(dims.num_experts):
+            out.update(_mlp_to_hf(sd, f"{m}local_experts.{e}.", f"{h}experts.{e}.", one))
+        return out
+
+    return _stage_to_hf(sd, dims, range(dims.num_layers), True, True, one, experts)
+
+
+def _stage_to_hf(sd: Mapping[str, torch.Tensor], dims: ModelDims, layers: range, first: bool, last: bool,
+                 gather: Any, experts: Any) -> dict[str, torch.Tensor]:
+    """HF tensors of one pipeline stage: `gather` returns a TP-sharded tensor's shards in rank order;
+    `experts(megatron prefix, HF prefix)` the HF tensors of one MoE layer's experts."""
     out: dict[str, torch.Tensor] = {}
     V = dims.vocab_size
-    if pp_rank == 0:
-        out["model.embed_tokens.weight"] = torch.cat(_tp_gather(sd["embedding.word_embeddings.weight"]))[:V]
-    for local, layer in enumerate(megatron_layers(model)):
+    if first:
+        out["model.embed_tokens.weight"] = torch.cat(gather(sd["embedding.word_embeddings.weight"]))[:V]
+    for local, layer in enumerate(layers):
         m, h = f"decoder.layers.{local}.", f"model.layers.{layer}."
         kinds = ("weight", "bias") if dims.qkv_bias else ("weight",)
         for kind in kinds:
-            q, k, v = _qkv_split(torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_qkv.{kind}"])), dims)
+            q, k, v = _qkv_split(torch.cat(gather(sd[m + f"{_ATTN}.linear_qkv.{kind}"])), dims)
             out[h + f"self_attn.q_proj.{kind}"] = q
             out[h + f"self_attn.k_proj.{kind}"] = k
             out[h + f"self_attn.v_proj.{kind}"] = v
         if dims.qk_norm:
             out[h + "self_attn.q_norm.weight"] = sd[m + f"{_ATTN}.q_layernorm.weight"].clone()
             out[h + "self_attn.k_norm.weight"] = sd[m + f"{_ATTN}.k_layernorm.weight"].clone()
-        out[h + "self_attn.o_proj.weight"] = torch.cat(_tp_gather(sd[m + f"{_ATTN}.linear_proj.weight"]), 1)
+        out[h + "self_attn.o_proj.weight"] = torch.cat(gather(sd[m + f"{_ATTN}.linear_proj.weight"]), 1)
         if dims.num_experts:
             out[h + "mlp.gate.weight"] = sd[m + "mlp.router.weight"].clone()
-            out.update(_experts_to_hf(sd, m + "mlp.experts.", h + "mlp.", dims))
+            out.update(experts(m + "mlp.experts.", h + "mlp."))
         else:
-            out.update(_mlp_to_hf(sd, m + "mlp.", h + "mlp.", _tp_gather))
+            out.update(_mlp_to_hf(sd, m + "mlp.", h + "mlp.", gather))
         out[h + "input_layernorm.weight"] = sd[m + "input_layernorm.weight"].clone()
         out[h + "post_attention_layernorm.weight"] = sd[m + "pre_mlp_layernorm.weight"].clone()
-    if pp_rank == pp - 1:
+    if last:
         out["model.norm.weight"] = sd["decoder.final_layernorm.weight"].clone()
         if not dims.tie_word_embeddings:
-            out["lm_head.weight"] = torch.cat(_tp_gather(sd["output_layer.weight"]))[:V]
+            out["lm_head.weight"] = torch.cat(gather(sd["output_layer.weight"]))[:V]
     return out
 
 
@@ -278,24 +313,14 @@ def to_numpy(tensors: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 def save_hf_folder(weights: HFWeights, src_dir: str | Path, out_dir: str | Path,
                    dtype: str = "float32") -> Path:
-    """Write an HF folder (config + tokenizer copied from `src_dir`, new weights) that vLLM can load.
+    """Write an HF folder (config + tokenizer of `src_dir`, the new weights as sharded safetensors in
+    `dtype`) that transformers and vLLM load: the writer `asp-npu export-hf` uses. All or nothing: a
+    failure leaves a previous `out_dir` as it was."""
+    from asp_npu.trainer.hf_export import write_hf_folder
+    from asp_npu.trainer.model import DTYPES
 
-    All or nothing (`atomic_replace_dir`): a failure leaves a previous `out_dir` as it was."""
-    import shutil
-
-    from asp_npu.io import atomic_replace_dir
-
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    blob = weights.to_safetensors_bytes(dtype)
-
-    def fill(tmp: Path) -> None:
-        for f in Path(src_dir).iterdir():
-            if f.is_file() and not f.name.startswith(("model.safetensors", "pytorch_model")):
-                shutil.copy2(f, tmp / f.name)
-        (tmp / "model.safetensors").write_bytes(blob)
-
-    return atomic_replace_dir(out, fill)
+    return write_hf_folder(weights.tensors, src_dir, out_dir, DTYPES[dtype],
+                           {"source": "sft", "policy_version": weights.version})
 
 
 def load_safetensors_bytes(blob: bytes) -> dict[str, Any]:

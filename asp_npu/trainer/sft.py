@@ -155,11 +155,11 @@ def warm_start(
                     f"tokens/s={metrics['tokens_per_s']:.0f} elapsed={time.time() - t0:.0f}s"
                 )
             if s.eval_every and step % s.eval_every == 0 and step != steps:
-                save_hf_folder(group.get_hf_weights(), src, tmp_eval)
+                save_hf_folder(group.get_hf_weights(), src, tmp_eval, cfg.model.dtype)
                 evals.append({"step": step, **evaluate(tmp_eval, eval_set, max_new)})
                 e = evals[-1]
                 log(f"sft: step {step} exact_match={e['exact_match']:.3f} reward={e['reward']:.3f}")
-        save_hf_folder(group.get_hf_weights(), src, out)
+        save_hf_folder(group.get_hf_weights(), src, out, cfg.model.dtype)
     finally:
         group.shutdown()
         shutil.rmtree(eval_dir, ignore_errors=True)

@@ -233,12 +233,12 @@ class TrainerWorker:
 
         from asp_npu import device
         from asp_npu.trainer import optim
-        from asp_npu.trainer.convert import load_hf_into_model, read_hf_state
+        from asp_npu.trainer.convert import initial_weights, load_hf_into_model
         from asp_npu.trainer.model import build_model
         from asp_npu.trainer.offload import Offloader
 
         act = self.cfg.actor_config
-        hf = read_hf_state(self.model_path)
+        hf = initial_weights(self.model_path, self.dims, self.cfg.model.load_megatron)
         dtype = self.cfg.model.dtype
         overrides = {**overrides, **megatron_features(act)}
         cp_gather = device.spec(self.kind).cp_gather_attention
