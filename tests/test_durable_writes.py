@@ -197,7 +197,8 @@ def test_save_hf_folder_full_disk_keeps_the_previous_model(tmp_path: Path, monke
     (src / "model.safetensors").write_bytes(b"src weights")
     w = HFWeights(1, {"a.weight": np.ones((2, 3), np.float32)})
     out = save_hf_folder(w, src, tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".asp-npu-model", "config.json", "model.safetensors",
+                                                       "tokenizer.json"]
     before = tree(tmp_path)
     monkeypatch.setattr(shutil, "copy2", enospc)
     with pytest.raises(UserError, match="No space left"):
