@@ -205,7 +205,27 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         got = meta.get("schema") if isinstance(meta, dict) else meta
         raise ConfigError(f"{it}: schema {got!r} is not {SCHEMA} (written by an older "
                           "asp-npu: export it to an HF folder and start from that)")
+    problem = meta_problem(meta)
+    if problem:
+        raise ConfigError(f"{it / TRAINER_META}: {problem}")
     return {**meta, "path": str(it)}
+
+
+def meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with a checkpoint's trainer.json (None: every field the resume reads is sound)."""
+    for key in ("step", "policy_version"):
+        v = meta.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return f"'{key}' is {v!r}, expected an integer >= 0" if key in meta else f"no '{key}'"
+    if not isinstance(meta.get("iteration"), str):
+        return "no 'iteration' name"
+    lay = meta.get("layout")
+    if not isinstance(lay, dict) or not all(isinstance(lay.get(k), int) and not isinstance(lay.get(k), bool)
+                                            and lay[k] >= 1 for k in ("tp", "pp", "dp")):
+        return f"'layout' is {lay!r}, expected {{tp, pp, dp}} integers >= 1"
+    if not isinstance(meta.get("use_distributed_optimizer"), bool):
+        return "'use_distributed_optimizer' is not true|false"
+    return None
 
 
 def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
