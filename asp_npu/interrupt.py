@@ -34,7 +34,7 @@ _children: list[Any] = []
 
 def _descendants() -> list[Any]:
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return list(psutil.Process().children(recursive=True))
     except Exception:  # noqa: BLE001 - psutil missing or a process gone mid-walk: best effort

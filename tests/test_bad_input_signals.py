@@ -23,7 +23,8 @@ START_LIMIT_S = 300  # to reach a signal point on a busy 2-core machine
 EXIT_LIMIT_S = 60  # from the signal to the command's exit
 
 # point -> what must be running when the signal is sent (None: only the driver, before Ray)
-POINTS = {"before-ray": None, "engines-starting": "ray::RolloutInstance", "trainer-forming": "ray::TrainerRank"}
+POINTS = {"before-ray": None, "engines-starting": "ray::RolloutInstance",
+          "trainer-forming": "ray::TrainerRank"}
 
 
 def _tree(proc: psutil.Process) -> list[psutil.Process]:
@@ -79,7 +80,7 @@ def test_sigterm_during_start_up_leaves_nothing(tmp_path: Path, tiny_model_dir: 
             if want is not None and any(want in _title(p) for p in kids):
                 break
             time.sleep(0.2)
-        assert proc.poll() is None, f"the run ended before {point}: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
+        assert proc.poll() is None, f"the run ended before the signal point {point}"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=EXIT_LIMIT_S)
     finally:
