@@ -252,20 +252,19 @@ RUN_FILES = {"summary.json": b'{"mode": "asp", "max_lag": 1, "throughput_tokens_
 
 @pytest.mark.parametrize("name", sorted(RUN_FILES))
 def test_fuzzed_run_dir_is_named_in_one_line(tmp_path: Path, name: str) -> None:
-    """Via the CLI: exit 2 and one line, except a streamed log cut in its last line (a killed run's torn
-    row, skipped by design), which draws the report from the rows before it."""
+    """Via the CLI: exit 2 and one line, except a streamed log cut short: that is what a killed run
+    leaves (its torn last row is skipped by design), so the report is drawn from the rows before it."""
     run = tmp_path / "run"
     run.mkdir()
     for n, data in RUN_FILES.items():
         (run / n).write_bytes(data)
     original = RUN_FILES[name]
-    last_line = original.rstrip(b"\n").rfind(b"\n") + 1
     cases = _damaged(original)[::2]  # every other case: each is a subprocess
     for label, data in cases:
         (run / name).write_bytes(data)
         res = run_cli(["report", str(run), "--out", str(tmp_path / "r.png")], tmp_path)
         err = [line for line in res.stderr.splitlines() if line.strip()]
-        torn_tail = name.endswith(".jsonl") and label.startswith("cut") and int(label[4:]) >= last_line
+        torn_tail = name.endswith(".jsonl") and label.startswith("cut")  # a cut log ends in a torn line
         assert "Traceback" not in res.stderr, (label, res.stderr[-2000:])
         if torn_tail:
             assert res.returncode in (0, 2), (label, res.stderr)

@@ -150,13 +150,14 @@ def _write_json(path: str, preset: Any, workload: Any, runs: dict[str, Any], rat
     atomic_write_json(path, doc, indent=1)
 
 
-MAX_SAMPLE_RUNS = 1_000_000  # simulated samples summed over every simulated run (docs/limits.md)
+MAX_SAMPLE_RUNS = 1_000_000  # simulated samples held at once, summed over the runs kept (docs/limits.md)
+MAX_SWEEP_COUNTS = 16  # --instances values (each one simulates every mode again)
 BYTES_PER_SAMPLE = 1_200  # measured: tiny, asp, 200 vs 2,000 iterations grow 1.07 KB per sample
 
 
 def _check_size(preset: Any, runs: int) -> None:
-    """Refuse, before allocating, a simulation over the documented limit or the free memory: every
-    simulated run keeps its per-sample log until the tables are printed."""
+    """Refuse, before allocating, a simulation over the documented limit or the free memory: the
+    `runs` simulated runs kept at once each hold their per-sample log until the tables are printed."""
     w = preset.workload
     samples = w.iterations * w.prompts_per_iteration * w.n_samples_per_prompt
     total = samples * runs
@@ -209,7 +210,9 @@ def main(argv: list[str]) -> int:
     overrides = _overrides(args)
     preset = load_preset(args.preset, iterations=args.iterations, trace=args.trace, calib=args.calib,
                          overrides=overrides)
-    _check_size(preset, len(names) + len(counts) * len(modes))
+    if len(counts) > MAX_SWEEP_COUNTS:
+        raise UserError(f"--instances: {len(counts)} counts, at most {MAX_SWEEP_COUNTS} (docs/limits.md)")
+    _check_size(preset, max(len(names), len(modes) if counts else 0))  # a sweep step frees the one before
     workload = build_workload(preset)
     t0 = time.perf_counter()
     runs = _simulate_all(preset, workload, modes, partial if args.partial_rollout else None)
