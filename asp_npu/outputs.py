@@ -129,8 +129,8 @@ def check_output_folder(out: str | os.PathLike[str], inputs: Iterable[Input] = (
         raise UserError(f"{flag} {out} is a run directory: a model folder never replaces a run")
     entry = foreign_entry(p)
     if entry is not None:
-        raise UserError(f"{flag} {out} already holds '{entry}', which is not part of a model folder "
-                        "asp-npu wrote: choose a new or empty folder")
+        raise UserError(f"{flag} {out} already exists and holds '{entry}', which is not part of a model "
+                        "folder asp-npu wrote: choose a new or empty folder")
     return p
 
 

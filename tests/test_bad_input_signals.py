@@ -80,7 +80,8 @@ def test_sigterm_during_start_up_leaves_nothing(tmp_path: Path, tiny_model_dir: 
             if want is not None and any(want in _title(p) for p in kids):
                 break
             time.sleep(0.2)
-        assert proc.poll() is None, f"the run ended before the signal point {point}"
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before the signal point {point}: {proc.communicate()[1][-3000:]}")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=EXIT_LIMIT_S)
     finally:

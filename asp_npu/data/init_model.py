@@ -155,16 +155,16 @@ def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: b
 
 def read_model_config(folder: str | Path) -> dict[str, Any]:
     """`folder/config.json` as a JSON object, or one UserError (torn, undecodable, not an object,
-    no model_type, a size that is not a number: `model_folder.config_problem`)."""
+    a size that is not a number: `model_folder.config_problem`)."""
     from asp_npu.data.model_folder import check_config
 
-    return check_config(Path(folder))
+    return check_config(Path(folder), loadable=False)
 
 
 def check_model_dir(path: str | Path) -> Path:
     """A usable HF model folder, or one UserError saying what is missing or corrupt: the folder is read
     (config schema, safetensors headers against the file sizes, the tokenizer loads; model_folder.py)."""
-    from asp_npu.data.model_folder import check_tokenizer, check_weights
+    from asp_npu.data.model_folder import check_config, check_tokenizer, check_weights
 
     p = Path(path)
     if not p.exists():
@@ -173,7 +173,7 @@ def check_model_dir(path: str | Path) -> Path:
         raise UserError(f"model path {p} is not a folder")
     if not (p / "config.json").is_file():
         raise UserError(f"model folder {p} has no config.json")
-    read_model_config(p)
+    check_config(p)  # with model_type: the folder is about to be loaded
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise UserError(f"model folder {p} has no weights (*.safetensors)")
     if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():

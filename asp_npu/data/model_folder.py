@@ -31,10 +31,11 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2
 MAX_HEADER = 100 << 20  # the safetensors library's own limit on the JSON header
 
 
-def config_problem(cfg: dict[str, Any]) -> str | None:
-    """What is wrong with a parsed config.json (None: usable)."""
+def config_problem(cfg: dict[str, Any], loadable: bool = True) -> str | None:
+    """What is wrong with a parsed config.json (None: usable). `loadable`: the folder is about to be
+    loaded (transformers and vLLM need `model_type`); `asp-npu check` reads only the numbers."""
     mt = cfg.get("model_type")
-    if not isinstance(mt, str) or not mt:
+    if (loadable or mt is not None) and (not isinstance(mt, str) or not mt):
         return "no model_type (expected e.g. \"qwen2\")" if mt is None else f"model_type {mt!r} is not a name"
     for key in SIZES:
         v = cfg.get(key)
@@ -141,11 +142,11 @@ def check_tokenizer(folder: Path) -> None:
             raise UserError(f"{tok}: the tokenizer does not load ({why})") from None
 
 
-def check_config(folder: Path) -> dict[str, Any]:
-    """config.json parsed and schema-checked."""
+def check_config(folder: Path, loadable: bool = True) -> dict[str, Any]:
+    """config.json parsed and schema-checked (`config_problem`)."""
     f = folder / "config.json"
     cfg = _read_json_object(f)
-    problem = config_problem(cfg)
+    problem = config_problem(cfg, loadable)
     if problem:
         raise UserError(f"{f}: {problem}")
     return cfg
