@@ -30,6 +30,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 _children: list[Any] = []
+_received: list[int] = []  # the signals caught: Ray or asyncio may re-raise a plain KeyboardInterrupt
 
 
 def _descendants() -> list[Any]:
@@ -41,7 +42,13 @@ def _descendants() -> list[Any]:
         return []
 
 
+def received() -> int | None:
+    """The first signal `install`'s handler caught (None: none)."""
+    return _received[0] if _received else None
+
+
 def _raise(signum: int, _frame: Any) -> None:
+    _received.append(signum)
     _children.extend(_descendants())
     raise Interrupted(signum)
 

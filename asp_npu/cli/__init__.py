@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asp-npu {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        return _interrupted(name, exc.signum if isinstance(exc, interrupt.Interrupted) else signal.SIGINT)
+        signum = exc.signum if isinstance(exc, interrupt.Interrupted) else interrupt.received()
+        return _interrupted(name, signum or signal.SIGINT)
     except SystemExit as exc:  # Ray's own SIGTERM handler, while ray.init runs, exits with 15
         if name in LONG and exc.code == signal.SIGTERM:
             return _interrupted(name, signal.SIGTERM)
