@@ -757,37 +757,97 @@ def _npu_rollout_problems(gen: GenerateConfig) -> list[str]:
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None, check: bool = True) -> Config:
-    """Defaults <- YAML file <- `a.b=c` overrides; unknown keys and wrong types are ConfigErrors."""
+    """Defaults <- YAML file <- `a.b=c` overrides; unknown keys and wrong types are ConfigErrors naming
+    the file (`file:line:column` and the parser's problem for YAML syntax) or the override at fault,
+    with the nearest known key for a misspelled one."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     base = OmegaConf.structured(Config)
+    if path:
+        base = _merge_file(base, path)
+    for item in overrides or []:
+        base = _merge_override(base, item)
     try:
-        if path:
-            p = Path(path)
-            if not p.is_file():
-                raise ConfigError(f"{path}: config file not found")
-            base = OmegaConf.merge(base, OmegaConf.load(p))
-        if overrides:
-            bad = [o for o in overrides if "=" not in o]
-            if bad:
-                raise ConfigError(f"override '{bad[0]}' is not of the form key=value")
-            base = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
         cfg: Config = foreign_load(OmegaConf.to_object(base))  # type: ignore[arg-type]
-    except OmegaConfBaseException as exc:
-        msg = str(exc).splitlines()[0]
-        key = getattr(exc, "full_key", None)
-        raise ConfigError(f"{path or 'config'}: {key + ': ' if key else ''}{msg}") from None
-    except Exception as exc:  # YAML syntax errors and friends
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{path or 'config'}: {str(exc).splitlines()[0]}") from None
+    except (OmegaConfBaseException, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path or 'config'}: {_key_problem(exc)}") from None
     if check:
         problems = validate(cfg)
         if problems:
             raise ConfigError("; ".join(problems))
         freeze(cfg)
     return cfg
+
+
+def _merge_file(base: Any, path: str) -> Any:
+    """`base` with the YAML file `path` merged in (size-checked before it is parsed)."""
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from asp_npu.io import check_yaml_file, yaml_problem
+
+    if not Path(path).exists():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        check_yaml_file(path, "config file")
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_problem(path, exc)) from None
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's own refusals of odd YAML (scalars, bad keys)
+        raise ConfigError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping of sections (model, data, ...), got a list")
+    try:
+        return OmegaConf.merge(base, loaded)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {_key_problem(exc)}") from None
+
+
+def _merge_override(base: Any, item: str) -> Any:
+    """`base` with one `key=value` override merged in; its errors name the override, not the file."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    key, eq, _ = item.partition("=")
+    if not eq or not key.strip():
+        raise ConfigError(f"override '{item}' is not of the form key=value")
+    try:
+        return OmegaConf.merge(base, OmegaConf.from_dotlist([item]))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"override '{item}': {_key_problem(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a value YAML cannot parse
+        raise ConfigError(f"override '{item}': cannot parse the value ({str(exc).splitlines()[0]})") from None
+
+
+def _key_problem(exc: Exception) -> str:
+    """OmegaConf's first line, led by the key, with the nearest known key for an unknown one."""
+    key = getattr(exc, "full_key", None)
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    hint = _did_you_mean(key) if key and ("not in" in msg or "Key" in msg) else ""
+    return f"{key + ': ' if key else ''}{msg}{hint}"
+
+
+def _did_you_mean(full_key: str) -> str:
+    """` (did you mean 'trainer.run_dir'?)` for a misspelled key, from the config dataclasses."""
+    import difflib
+    import typing
+
+    node: Any = Config
+    parts = full_key.split(".")
+    for part in parts[:-1]:
+        hints = typing.get_type_hints(node) if is_dataclass(node) else {}
+        node = hints.get(part)
+        if node is None or not is_dataclass(node):
+            return ""
+    names = [f.name for f in fields(node)]
+    if parts[-1] in names:
+        return ""
+    close = difflib.get_close_matches(parts[-1], names, n=1, cutoff=0.6)
+    return f" (did you mean '{'.'.join([*parts[:-1], close[0]])}'?)" if close else ""
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -806,8 +866,7 @@ def config_from_mapping(raw: Any, source: str = "config") -> Config:
         merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(dict(raw)))
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None)
-        raise ConfigError(f"{source}: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{source}: {_key_problem(exc)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from None
 

@@ -137,12 +137,19 @@ def init_ray(num_cpus: int, single_machine: bool = True, address: str = "", **kw
 
     if ray.is_initialized():
         return False
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     kwargs.setdefault("include_dashboard", False)
     if address:
         kwargs.pop("include_dashboard")  # the cluster's head decides about its dashboard
         ray.init(address=address, **kwargs)
     else:  # "local": a private instance, never a cluster some `ray start` on this machine left behind
         ray.init(address="local", num_cpus=num_cpus, **kwargs)
+    if main and callable(previous):  # ray.init put its own (sys.exit) SIGTERM handler in place
+        signal.signal(signal.SIGTERM, previous)
     return True
 
 

@@ -23,6 +23,8 @@ from typing import IO, Any, BinaryIO
 
 from asp_npu.errors import UserError
 
+MODEL_MARKER = ".asp-npu-model"  # atomic_replace_dir marks the folders it writes (models) as ours
+
 
 def check_writable(path: str | os.PathLike[str]) -> Path:
     """Fail early (before any work) if `path` cannot be created or replaced by a regular file."""
@@ -89,8 +91,9 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     renamed over `path`, or removed if anything fails."""
     p = check_writable(path)
     folder = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    tmp = ""
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -162,7 +165,8 @@ def atomic_replace_dir(path: str | os.PathLike[str], fill: Callable[[Path], obje
     """Make the folder `path` all at once: `fill(tmp)` writes it under a unique name beside `path`,
     everything is fsync'd, then it is swapped in. The previous folder is set aside (never deleted)
     until the new one is in place, and put back if the swap fails; any failure leaves the previous
-    folder as it was and no temp behind. Readers see the old folder or the whole new one."""
+    folder as it was and no temp behind. Readers see the old folder or the whole new one. The folder is
+    marked (`MODEL_MARKER`) so a later `--out` recognises it as ours to replace."""
     out = Path(path)
     parent = out.parent if str(out.parent) else Path(".")
     _refuse_special(out)
@@ -173,6 +177,7 @@ def atomic_replace_dir(path: str | os.PathLike[str], fill: Callable[[Path], obje
     aside: Path | None = None
     try:
         fill(tmp)
+        (tmp / MODEL_MARKER).write_text("written by asp-npu: `--out`/`--force` may replace this folder\n")
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         fsync_tree(tmp)
         aside = _swap_in(tmp, out, parent)
@@ -249,6 +254,8 @@ def close_synced(f: IO[str] | IO[bytes]) -> None:
 
 
 def _unlink(tmp: str) -> None:
+    if not tmp:
+        return
     try:
         os.unlink(tmp)
     except FileNotFoundError:
@@ -358,3 +365,53 @@ def read_jsonl(
                 if check is not None and not check(value):
                     raise UserError(f"{p}:{line_no}: field '{name}' {what} (got {value!r})")
             yield line_no, row
+
+
+def check_streamed_jsonl(path: str | os.PathLike[str], what: str) -> None:
+    """A log streamed row by row (metrics.jsonl): every line a JSON object, except a torn last line
+    (no newline: a killed run). Anything else (a CSV, a renamed file) is the wrong kind of file."""
+    p = check_readable(path, what)
+    raw = p.read_bytes()
+    lines = raw.split(b"\n")
+    torn_ok = not raw.endswith(b"\n")
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or (torn_ok and n == len(lines)):
+            continue
+        try:
+            row = loads_strict(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise UserError(f"{p}: not UTF-8 text (line {n}), expected a {what}") from None
+        except ValueError:
+            raise UserError(f"{p}:{n}: not a JSON line: not a {what} (one JSON object per line)") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{p}: row {n} is not a JSON object (expected a {what})")
+
+
+MAX_YAML_BYTES = 1 << 20  # a config is a few KB; parsing a huge YAML (OmegaConf) would take minutes
+
+
+def yaml_problem(path: str | os.PathLike[str], exc: BaseException) -> str:
+    """`file:line:column: the parser's problem` for a YAML syntax error (a tab named as such)."""
+    import yaml
+
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"{path}: cannot parse YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    mark = exc.problem_mark or exc.context_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = (exc.problem or exc.context or "malformed YAML").strip()
+    if "'\\t'" in problem:
+        problem = "a tab character (YAML indents with spaces only)"
+    elif problem.startswith("found duplicate key"):
+        problem = problem.replace("found duplicate key", "duplicate key")
+    return f"{where}: {problem}"
+
+
+def check_yaml_file(path: str | os.PathLike[str], what: str = "YAML file") -> Path:
+    """A YAML file we may parse: readable, UTF-8, at most MAX_YAML_BYTES (checked before parsing)."""
+    p = check_readable(path, what)
+    size = p.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise UserError(f"{p}: {size / 2**20:.1f} MiB is too large for a {what} (limit "
+                        f"{MAX_YAML_BYTES >> 20} MiB)")
+    read_text_file(p, what)
+    return p

@@ -199,8 +199,8 @@ def test_save_hf_folder_full_disk_keeps_the_previous_model(tmp_path: Path, monke
     w = HFWeights(1, {"a.weight": np.ones((2, 3), np.float32)})
     out = save_hf_folder(w, src, tmp_path / "out")
     assert sorted(p.name for p in out.iterdir()) == [
-        "asp_npu_export.json", "config.json", "generation_config.json", "model-00001-of-00001.safetensors",
-        "model.safetensors.index.json", "tokenizer.json"]
+        ".asp-npu-model", "asp_npu_export.json", "config.json", "generation_config.json",
+        "model-00001-of-00001.safetensors", "model.safetensors.index.json", "tokenizer.json"]
     before = tree(tmp_path)
     monkeypatch.setattr(shutil, "copy2", enospc)
     with pytest.raises(UserError, match="No space left"):

@@ -19,8 +19,9 @@ ENGINES = ("ray", "torch", "vllm", "megatron", "transformers")
 
 # bottom to top; a room (package or top-level module) imports only rooms of its own layer or below
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__", "errors", "types", "net", "remote", "device", "arch", "io", "validation"}),
-    ("pure core", {"data", "schedule", "predict", "core", "config"}),
+    ("base", {"__init__", "errors", "types", "net", "remote", "device", "arch", "io", "validation",
+              "interrupt"}),
+    ("pure core", {"data", "schedule", "predict", "core", "config", "outputs"}),
     ("engines", {"weights", "rollout", "trainer", "observe"}),
     ("drivers", {"sim", "deploy", "pipeline"}),
     ("cli", {"cli"}),

@@ -97,7 +97,7 @@ def test_failed_report_write_leaves_no_temp_file(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(UserError, match="No space left"):
         draw_report(run.path)
-    assert sorted(p.name for p in run.path.iterdir()) == sorted([rd.CONFIG, rd.METRICS, rd.PLANS,
+    assert sorted(p.name for p in run.path.iterdir()) == sorted([rd.CONFIG, rd.METRICS, rd.PLANS, rd.MARKER,
                                                                  rd.CHECKPOINTS])
 
 
@@ -121,8 +121,8 @@ def _model(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text('{"model_type": "qwen2"}')
-    (d / "model.safetensors").write_bytes(b"w")
-    (d / "tokenizer.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\x02" + b"\0" * 7 + b"{}")  # a valid, empty safetensors file
+    (d / "tokenizer_config.json").write_text("{}")
     return d
 
 

@@ -9,9 +9,13 @@ never pays for torch/vLLM. The arrow points one way: the CLI imports the library
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import signal
 import sys
+from typing import Any
 
+from asp_npu import interrupt
 from asp_npu.errors import UserError
 
 # command words -> (module exposing main(argv), one-line help)
@@ -42,6 +46,13 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Flags may sit between `key=value` overrides (`train a=1 --overwrite b=2`), as users type them."""
+        try:
+            return self.parse_intermixed_args(args, namespace)
+        except TypeError:  # a parser argparse cannot intermix (REMAINDER, exclusive groups)
+            return super().parse_args(args, namespace)
+
 
 def command_parser(prog: str, description: str = "") -> CommandParser:
     """The parser every command uses: `asp-npu <prog>` in its usage line, errors as UserError."""
@@ -64,16 +75,40 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) > 1 and f"{argv[0]} {argv[1]}" in COMMANDS:
         name = f"{argv[0]} {argv[1]}"
     if name not in COMMANDS:
-        print(f"asp-npu: error: unknown command '{argv[0]}'\n{_usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(argv[0], sorted({k.split()[0] for k in COMMANDS}), n=1)
+        if close:
+            print(f"asp-npu: error: unknown command '{argv[0]}' (did you mean '{close[0]}'?)",
+                  file=sys.stderr)
+        else:
+            print(f"asp-npu: error: unknown command '{argv[0]}'\n{_usage()}", file=sys.stderr)
         return 2
     rest = argv[len(name.split()):]
+    if name in LONG:
+        interrupt.install()  # a signal during start-up ends the command and all it started
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
     except UserError as exc:
         print(f"asp-npu {name}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"asp-npu {name}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, interrupt.Interrupted) else interrupt.received()
+        return _interrupted(name, signum or signal.SIGINT)
+    except SystemExit as exc:  # Ray's own SIGTERM handler, while ray.init runs, exits with 15
+        if name in LONG and exc.code == signal.SIGTERM:
+            return _interrupted(name, signal.SIGTERM)
+        raise
+
+
+LONG = ("train", "bench real", "calibrate", "sft")  # commands that start engines, Ray or process groups
+
+
+def _interrupted(name: str, signum: int) -> int:
+    """One line, every process the command started ended, exit 128 + signal (143 SIGTERM, 130 SIGINT)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # the clean-up below is bounded; SIGKILL still works
+    ended = interrupt.end_children() if name in LONG else 0
+    what = f"; ended {ended} process(es) it started" if ended else ""
+    print(f"asp-npu {name}: interrupted by {signal.Signals(signum).name}{what}", file=sys.stderr)
+    return 128 + int(signum)
 

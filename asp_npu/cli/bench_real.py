@@ -8,6 +8,7 @@ from pathlib import Path
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.errors import UserError
+from asp_npu.outputs import check_output
 from asp_npu.pipeline.bench import aggregate, partial_allowed, partial_table, run_bench, table, with_partial
 from asp_npu.pipeline.modes import REAL_MODES
 
@@ -38,6 +39,9 @@ def main(argv: list[str]) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError:
         raise UserError(f"--seeds: '{args.seeds}' is not a comma-separated list of integers") from None
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        dup = next(s for s in seeds if seeds.count(s) > 1)
+        raise UserError(f"--seeds: seed {dup} is given twice (each seed is one run directory per mode)")
     if args.partial_rollout and not any(partial_allowed(m) for m in modes):
         raise UserError("--partial-rollout: none of the selected modes is asynchronous and disaggregated")
     if args.iterations is not None and args.iterations < 1:
@@ -47,6 +51,9 @@ def main(argv: list[str]) -> int:
         overrides.append(f"trainer.train_iters={args.iterations}")
     base = load_config(args.config, overrides, check=False)
     seeds = seeds or [base.data.seed]
+    if args.json:
+        check_output(args.json, [("--config", args.config), ("model.path", base.model.path),
+                                 ("--out-dir", args.out_dir)], "--json")
     names = with_partial(modes) if args.partial_rollout else modes
     runs = run_bench(base, names, seeds, Path(args.out_dir), args.json, args.config, overrides,
                      overwrite=args.overwrite)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from asp_npu.cli import command_parser
 from asp_npu.errors import UserError
-from asp_npu.io import atomic_write_json, check_writable
+from asp_npu.io import atomic_write_json
 from asp_npu.observe.timeline import write_timeline
+from asp_npu.outputs import check_output, distinct_outputs
 from asp_npu.sim.modes import MODES, partial_allowed
 from asp_npu.sim.preset import load_preset
 from asp_npu.sim.report import partial_table, plot, ratio_table, ratios, sweep_table, table
@@ -148,6 +150,50 @@ def _write_json(path: str, preset: Any, workload: Any, runs: dict[str, Any], rat
     atomic_write_json(path, doc, indent=1)
 
 
+MAX_SAMPLE_RUNS = 1_000_000  # simulated samples held at once, summed over the runs kept (docs/limits.md)
+MAX_SWEEP_COUNTS = 16  # --instances values (each one simulates every mode again)
+BYTES_PER_SAMPLE = 1_200  # measured: tiny, asp, 200 vs 2,000 iterations grow 1.07 KB per sample
+
+
+def _check_size(preset: Any, runs: int) -> None:
+    """Refuse, before allocating, a simulation over the documented limit or the free memory: the
+    `runs` simulated runs kept at once each hold their per-sample log until the tables are printed."""
+    w = preset.workload
+    samples = w.iterations * w.prompts_per_iteration * w.n_samples_per_prompt
+    total = samples * runs
+    if total > MAX_SAMPLE_RUNS:
+        raise UserError(f"--iterations {w.iterations}: {samples:,} samples x {runs} simulated run(s) = "
+                        f"{total:,}, "
+                        f"over the limit of {MAX_SAMPLE_RUNS:,} (docs/limits.md): fewer iterations or modes")
+    need, free = total * BYTES_PER_SAMPLE, _available_bytes()
+    if free is not None and need > 0.8 * free:
+        raise UserError(f"--iterations {w.iterations}: the simulation needs about {need / 2**30:.1f} GiB, "
+                        f"this machine has {free / 2**30:.1f} GiB free")
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_outputs(args: Any) -> None:
+    """Every output writable, none on an input (trace, calibration, preset file) or on another output."""
+    outputs = [("--json", args.json), ("--plot", args.plot), ("--timeline", args.timeline)]
+    inputs = [("--trace", args.trace), ("--calib", args.calib)]
+    if Path(args.preset).exists():
+        inputs.append(("--preset", args.preset))
+    for flag, path in outputs:
+        if path is not None:  # `--plot ""` is refused, not ignored
+            check_output(path, inputs, flag)
+    distinct_outputs(outputs)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.iterations is not None and args.iterations < 1:
@@ -160,12 +206,13 @@ def main(argv: list[str]) -> int:
     names = modes + [f"{m}+partial" for m in partial]
     if args.timeline and args.timeline_mode not in names:
         raise UserError(f"--timeline-mode '{args.timeline_mode}' is not among the simulated modes")
-    for path in (args.json, args.plot, args.timeline):
-        if path is not None:  # `--plot ""` is refused, not ignored
-            check_writable(path)
+    _check_outputs(args)
     overrides = _overrides(args)
     preset = load_preset(args.preset, iterations=args.iterations, trace=args.trace, calib=args.calib,
                          overrides=overrides)
+    if len(counts) > MAX_SWEEP_COUNTS:
+        raise UserError(f"--instances: {len(counts)} counts, at most {MAX_SWEEP_COUNTS} (docs/limits.md)")
+    _check_size(preset, max(len(names), len(modes) if counts else 0))  # a sweep step frees the one before
     workload = build_workload(preset)
     t0 = time.perf_counter()
     runs = _simulate_all(preset, workload, modes, partial if args.partial_rollout else None)

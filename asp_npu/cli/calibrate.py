@@ -12,6 +12,7 @@ from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write_json, check_writable
+from asp_npu.outputs import check_output
 
 
 def main(argv: list[str]) -> int:
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> int:
         raise UserError("--repeats must be >= 1")
     check_writable(args.out)
     cfg = load_config(args.config, args.overrides)
+    check_output(args.out, [("--config", args.config), ("model.path", cfg.model.path)])
     from asp_npu.pipeline.calibrate import measure_config
     from asp_npu.sim.calibrate import calibration
 

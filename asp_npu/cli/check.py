@@ -18,6 +18,9 @@ from asp_npu.deploy.check import check, format_layout, sim_estimate
 from asp_npu.deploy.layout import card_for
 from asp_npu.errors import UserError
 
+MAX_NODES = 100_000  # the check is linear in the node count: about 10 s and 1 GiB at this size
+MAX_NPUS_PER_NODE = 64  # known cards have 8 or 16
+
 
 def _layout(cfg: Config, nodes: int, per_node: int, card_name: str, suggest: bool, out: TextIO) -> Config:
     """`layout: auto`: the search's choice (printed); `--suggest`: the search printed, the config as given."""
@@ -64,6 +67,9 @@ def main(argv: list[str]) -> int:
     )
     if nodes < 1 or per_node < 1:
         raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
+    if nodes > MAX_NODES or per_node > MAX_NPUS_PER_NODE:
+        raise UserError(f"--nodes {nodes} x --npus-per-node {per_node}: at most {MAX_NODES:,} nodes of "
+                        f"{MAX_NPUS_PER_NODE} NPUs are checked (docs/limits.md)")
     cfg = _layout(cfg, nodes, per_node, card_name, args.suggest, sys.stderr if args.json else sys.stdout)
     lay = check(cfg, nodes, per_node, card_name)
     sim_rows, sim_note = (

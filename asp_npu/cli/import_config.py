@@ -3,14 +3,30 @@ config into an asp-npu config (how: asp_npu/deploy/import_config.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 from asp_npu.cli import command_parser
 from asp_npu.config import MODES, load_config
 from asp_npu.deploy.import_config import render_yaml, translate
 from asp_npu.deploy.layout import card_for
 from asp_npu.errors import UserError
-from asp_npu.io import atomic_write, check_writable
+from asp_npu.io import atomic_write, check_yaml_file, yaml_problem
+from asp_npu.outputs import check_output
+
+OUR_SECTIONS = ("trainer", "sft", "data", "model")  # sections MindSpeed-RL's GRPO configs do not have
+OUR_RL_KEYS = ("mode", "max_lag", "predictor")  # rl_config keys only asp-npu has
+
+
+def _ours(ms: dict[Any, Any]) -> str:
+    """Why a parsed YAML is one of our own configs ("" when it is not)."""
+    if "megatron_training" in ms:
+        return ""
+    sections = [s for s in OUR_SECTIONS if isinstance(ms.get(s), dict)]
+    rl = ms.get("rl_config")
+    keys = [k for k in OUR_RL_KEYS if isinstance(rl, dict) and k in rl]
+    if len(sections) >= 2 or (sections and keys):
+        return f"sections {', '.join(sections)}" + (f", rl_config.{keys[0]}" if keys else "")
+    return ""
 
 
 def main(argv: list[str]) -> int:
@@ -23,23 +39,28 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--mode", default="asp", choices=list(MODES), help="asp-npu mode (default asp)")
     args = p.parse_args(argv)
+    import yaml
     from omegaconf import OmegaConf
 
-    src = Path(args.file)
-    if not src.is_file():
-        raise UserError(f"{src}: file not found")
+    src = check_yaml_file(args.file, "MindSpeed-RL YAML")
     try:
         ms = OmegaConf.to_container(OmegaConf.load(src), resolve=False)
-    except Exception as exc:
+    except yaml.YAMLError as exc:
+        raise UserError(yaml_problem(src, exc)) from None
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's refusals of odd YAML
         raise UserError(f"{src}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(ms, dict):
         raise UserError(f"{src}: expected a MindSpeed-RL config (a YAML mapping), got {type(ms).__name__}")
+    ours = _ours(ms)
+    if ours:
+        raise UserError(f"{src}: is an asp-npu config ({ours}), not a MindSpeed-RL one: use it as it is "
+                        f"(asp-npu check --config {src})")
     if args.card is not None:
         try:
             card_for(args.card)
         except KeyError as exc:
             raise UserError(str(exc.args[0])) from None
-    check_writable(args.out)
+    check_output(args.out, [("file", src), ("model folder", src.parent / "model")])
     tr = translate({str(k): v for k, v in ms.items()}, src, args.card, args.mode)
     text = render_yaml(tr, src)
     atomic_write(args.out, text)

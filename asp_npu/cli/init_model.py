@@ -5,7 +5,7 @@ from __future__ import annotations
 from asp_npu.cli import command_parser
 from asp_npu.data.init_model import ARCH_NAMES, SIZES, build_model_dir, count_params
 from asp_npu.errors import UserError
-from asp_npu.io import check_folder_writable
+from asp_npu.outputs import check_output_folder
 
 
 def main(argv: list[str]) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
     args = parser.parse_args(argv)
-    check_folder_writable(args.out)  # before the model is built (about 12 s for `small`)
+    check_output_folder(args.out)  # before the model is built (about 12 s for `small`)
     try:
         out = build_model_dir(args.out, args.size, args.seed, args.force, arch=args.arch)
     except OSError as exc:

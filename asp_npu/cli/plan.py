@@ -8,7 +8,7 @@ import time
 from asp_npu.cli import command_parser
 from asp_npu.data.traces import group_table, read_trace
 from asp_npu.errors import UserError
-from asp_npu.io import check_writable
+from asp_npu.outputs import check_output
 from asp_npu.predict.factory import PREDICTORS
 from asp_npu.predict.groups import groups_for_epoch
 from asp_npu.schedule.baselines import fifo_plan, random_plan
@@ -43,12 +43,15 @@ def main(argv: list[str]) -> int:
     cost = check_plan_flags(args.epoch, args.instances, args.minibatch, args.max_num_seqs, args.max_lag,
                             args.train_step_s, (args.cost_a, args.cost_b, args.cost_c), args.seed)
     if args.out is not None:
-        check_writable(args.out)  # before any work: never plan for minutes and then fail to write
+        check_output(args.out, [("--trace", args.trace)])  # before any work: never plan, then fail to write
     trace = read_trace(args.trace)
     epoch_rows = trace.epoch_rows(args.epoch)
     _, _, n = group_table(epoch_rows)
     if args.minibatch % n:
         raise UserError(f"--minibatch {args.minibatch} is not a multiple of the group size {n}")
+    if args.minibatch > len(epoch_rows):
+        raise UserError(f"--minibatch {args.minibatch} is larger than epoch {args.epoch} of {args.trace} "
+                        f"({len(epoch_rows)} samples): no trainer step could ever fill")
     groups = groups_for_epoch(trace, args.epoch, args.predictor)
     cfg = PlannerConfig(
         num_instances=args.instances,

@@ -6,7 +6,7 @@ import json
 
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
-from asp_npu.io import check_folder_writable
+from asp_npu.outputs import check_output_folder
 from asp_npu.trainer.sft import prepare_model, warm_start
 
 
@@ -20,7 +20,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. sft.steps=200")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    check_folder_writable(args.out or cfg.sft.out, parents=True)  # before minutes of training
+    inputs = [("model.path", cfg.model.path), ("data.data_path", cfg.data.data_path),
+              ("--config", args.config)]
+    check_output_folder(args.out or cfg.sft.out, inputs, "--out" if args.out else "sft.out",
+                        parents=True)  # before minutes of training
     prepare_model(cfg)
     result = warm_start(cfg, out_dir=args.out)
     if args.json:

@@ -11,7 +11,7 @@ import numpy as np
 from asp_npu.cli import command_parser
 from asp_npu.data.traces import SynthParams, Trace, synth_trace, write_trace
 from asp_npu.errors import UserError
-from asp_npu.io import check_writable
+from asp_npu.outputs import check_output
 
 
 def _summary(trace: Trace) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv[1:])
     params = SynthParams(**{f.name: getattr(args, f.name) for f in fields(SynthParams)})
     params.validate()
-    check_writable(args.out)
+    check_output(args.out)
     trace = synth_trace(params)
     write_trace(trace, args.out)
     s = _summary(trace)

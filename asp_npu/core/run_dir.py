@@ -15,6 +15,8 @@
     checkpoints/       trainer checkpoints
     report.png         the one-page report (`asp-npu report RUN_DIR` redraws it)
     warm_start/        the SFT warm-started HF model the run started from (model.warm_start_steps > 0)
+    logs/              each actor's own log (instances, trainer ranks)
+    .asp-npu-run       the marker: other commands never write their outputs into a run's files
 
 Only these names are ever touched when a run directory is reused, so a user's own files survive. A new
 run starts only once it has passed validation, and even then the previous run's files are not deleted:
@@ -49,9 +51,11 @@ CHECKPOINTS = "checkpoints"
 REPORT = "report.png"
 WARM_START = "warm_start"
 RUN_LOG = "run_log.jsonl"
+LOGS = "logs"  # each actor's own log (asp_npu.observe.actor_log)
+MARKER = ".asp-npu-run"  # marks the folder as a run's: no other command's output is written into it
 OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT,
-         WARM_START, RUN_LOG)
-STREAMED = (SAMPLES, METRICS, RUN_LOG)  # appended as the run goes: a resumed run continues them
+         WARM_START, RUN_LOG, LOGS, MARKER)
+STREAMED = (SAMPLES, METRICS, RUN_LOG, LOGS)  # appended as the run goes: a resumed run continues them
 PREVIOUS = "previous-run"  # prefix of the folder a replaced run's files wait in until the new run trained
 
 
@@ -108,6 +112,7 @@ class RunDir:
             (run.path / PLANS).mkdir()
             (run.path / CHECKPOINTS).mkdir(exist_ok=True)
             atomic_write(run.path / CONFIG, config_yaml)
+            atomic_write(run.path / MARKER, "asp-npu run directory\n")
         except (OSError, UserError) as exc:
             run.rollback()
             why = exc.strerror if isinstance(exc, OSError) else str(exc)

@@ -154,25 +154,18 @@ def build_model_dir(out: str | Path, size: str = "tiny", seed: int = 0, force: b
 
 
 def read_model_config(folder: str | Path) -> dict[str, Any]:
-    """`folder/config.json` as a JSON object, or one UserError (torn, undecodable, not an object)."""
-    import json
+    """`folder/config.json` as a JSON object, or one UserError (torn, undecodable, not an object,
+    a size that is not a number: `model_folder.config_problem`)."""
+    from asp_npu.data.model_folder import check_config
 
-    f = Path(folder) / "config.json"
-    try:
-        raw = json.loads(f.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{f}: not UTF-8 text") from None
-    except ValueError as exc:
-        raise UserError(f"{f}: not valid JSON ({str(exc).split(':')[0]})") from None
-    except OSError as exc:
-        raise UserError(f"{f}: cannot read ({exc.strerror})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{f}: expected a JSON object, got {type(raw).__name__}")
-    return raw
+    return check_config(Path(folder), loadable=False)
 
 
 def check_model_dir(path: str | Path) -> Path:
-    """A usable HF model folder, or one UserError saying what is missing."""
+    """A usable HF model folder, or one UserError saying what is missing or corrupt: the folder is read
+    (config schema, safetensors headers against the file sizes, the tokenizer loads; model_folder.py)."""
+    from asp_npu.data.model_folder import check_config, check_tokenizer, check_weights
+
     p = Path(path)
     if not p.exists():
         raise UserError(f"model folder {p} does not exist (build one with `asp-npu init-model --out {p}`)")
@@ -180,11 +173,13 @@ def check_model_dir(path: str | Path) -> Path:
         raise UserError(f"model path {p} is not a folder")
     if not (p / "config.json").is_file():
         raise UserError(f"model folder {p} has no config.json")
-    read_model_config(p)
+    check_config(p)  # with model_type: the folder is about to be loaded
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise UserError(f"model folder {p} has no weights (*.safetensors)")
     if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
         raise UserError(f"model folder {p} has no tokenizer")
+    check_weights(p)
+    check_tokenizer(p)
     return p
 
 

@@ -74,8 +74,11 @@ def format_layout(cfg: Config, lay: Layout) -> str:
                 f"ranks {_ranges(g.ranks)} (TP group; pp stage {g.pp_stage}, dp rank {g.dp_rank})",
             )
         )
-    for node in sorted({n for n, _ in lay.idle}):
-        rows.append((str(node), _ranges([d for n, d in lay.idle if n == node]), "idle", ""))
+    idle: dict[int, list[int]] = {}  # grouped once: linear in the node count
+    for n, d in lay.idle:
+        idle.setdefault(n, []).append(d)
+    for node in sorted(idle):
+        rows.append((str(node), _ranges(idle[node]), "idle", ""))
     if len(rows) == 1:
         rows.append(("-", "-", "-", "no placement (see the problems below)"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

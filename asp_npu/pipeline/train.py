@@ -71,8 +71,12 @@ def initial_policy(cfg: Config, run: rd.RunDir) -> Config:
 def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
     """Refuse (UserError) a `trainer.run_dir` the run may not use, before anything is built.
     A run resuming from `actor_config.load` keeps the checkpoints it finds there."""
+    from asp_npu.outputs import run_dir_problem
+
     problem = rd.RunDir.reuse_problem(cfg.trainer.run_dir, overwrite,
-                                      keep_checkpoints=bool(cfg.actor_config.load))
+                                      keep_checkpoints=bool(cfg.actor_config.load)) or run_dir_problem(
+        cfg.trainer.run_dir, [("model.path", cfg.model.path), ("data.data_path", cfg.data.data_path)],
+        cfg.actor_config.save, cfg.actor_config.load, overwrite)
     if problem:
         raise UserError(problem)
 
@@ -169,10 +173,10 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
     if restarts:  # the earlier restarts are in the run log this attempt continues
         ctl.recorder.event(**restarts[-1])
     t0 = time.time()
-    handlers = resume.install_signals(ctl)  # a signal during start-up stops at the first step boundary
+    handlers: dict[int, Any] = {}
     try:
-        ctl.start()
-        resume.install_signals(ctl)  # again: Ray's start-up put its own (fatal) SIGTERM handler in place
+        ctl.start()  # a signal now raises where it lands (asp_npu.interrupt): close() below ends it all
+        handlers = resume.install_signals(ctl)  # from the first step on: checkpoint at a step boundary
         return ctl.run()
     except Exception as exc:  # noqa: BLE001 - only a trainer rank's failure is handled here
         failure = resume.trainer_failure(exc)

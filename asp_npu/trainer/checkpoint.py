@@ -190,7 +190,7 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     d = Path(directory)
     pointer = d / POINTER
     if not pointer.is_file() and (d / TRAINER_META).is_file():
-        meta, it = read_json_file(d / TRAINER_META, "trainer checkpoint metadata"), d
+        meta, it = _trainer_meta(d), d
     elif not pointer.is_file():
         raise ConfigError(f"actor_config.load: '{directory}' holds no trainer checkpoint (latest.json)")
     else:
@@ -204,11 +204,52 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{pointer}: torn or unreadable checkpoint pointer ({exc}){instead}") from None
         if not (it / TRAINER_META).is_file():
             raise ConfigError(f"{pointer} names {it}, which is incomplete or missing{instead}")
+        _trainer_meta(it, it.name)  # the iteration's own record is sound too
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         got = meta.get("schema") if isinstance(meta, dict) else meta
         raise ConfigError(f"{it}: schema {got!r} is not {SCHEMA} (written by an older "
                           "asp-npu: `asp-npu export-hf` writes its weights as an HF folder to start from)")
+    problem = meta_problem(meta)
+    if problem:
+        raise ConfigError(f"{it / TRAINER_META}: {problem}")
     return {**meta, "path": str(it)}
+
+
+def _trainer_meta(it: Path, name: str | None = None) -> dict[str, Any]:
+    """`it/trainer.json`, parsed and schema-checked (ConfigError naming it: resume reports those)."""
+    f = it / TRAINER_META
+    try:
+        meta = read_json_file(f, "trainer checkpoint metadata")
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{f}: expected a JSON object, got {type(meta).__name__}")
+    if meta.get("schema") == SCHEMA:
+        problem = meta_problem(meta, name)
+        if problem:
+            raise ConfigError(f"{f}: {problem}")
+    return meta
+
+
+def meta_problem(meta: dict[str, Any], name: str | None = None) -> str | None:
+    """What is wrong with a checkpoint's trainer.json (None: the fields the resume reads are sound):
+    `step` and `iteration` are required (`name`: the folder the pointer named, which it must match);
+    `policy_version`, `layout` and `use_distributed_optimizer` are checked where present."""
+    for key in ("step", "policy_version"):
+        v = meta.get(key)
+        if key in meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            return f"'{key}' is {v!r}, expected an integer >= 0"
+    if "step" not in meta:
+        return "no 'step'"
+    if not isinstance(meta.get("iteration"), str) or (name is not None and meta["iteration"] != name):
+        return f"'iteration' is {meta.get('iteration')!r}, expected {name or 'the folder name'!r}"
+    lay = meta.get("layout", {"tp": 1, "pp": 1, "dp": 1})
+    if not isinstance(lay, dict) or not all(isinstance(lay.get(k), int) and not isinstance(lay.get(k), bool)
+                                            and lay[k] >= 1 for k in ("tp", "pp", "dp")):
+        return f"'layout' is {lay!r}, expected {{tp, pp, dp}} integers >= 1"
+    if not isinstance(meta.get("use_distributed_optimizer", False), bool):
+        return "'use_distributed_optimizer' is not true|false"
+    return None
 
 
 def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:

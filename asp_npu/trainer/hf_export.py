@@ -28,16 +28,14 @@ _SKIP = (INDEX, "pytorch_model.bin.index.json", MARKER, "config.json")
 
 
 def check_out_dir(out: str | Path) -> Path:
-    """Refuse an existing non-empty folder that no asp-npu export wrote (its files would be replaced)."""
-    from asp_npu.io import check_folder_writable
+    """Refuse an existing non-empty folder that asp-npu did not write (its files would be replaced):
+    the one output rule (`asp_npu.outputs`), which knows our model folders by their marker."""
+    from asp_npu.outputs import check_output_folder
 
-    p = check_folder_writable(out, parents=True)
+    p = Path(out)
     if p.exists() and not p.is_dir():
         raise UserError(f"--out: {p} exists and is not a folder")
-    if p.is_dir() and any(p.iterdir()) and not (p / MARKER).is_file():
-        raise UserError(f"--out: {p} is a non-empty folder asp-npu did not write (no {MARKER}): "
-                        "name a new or empty folder")
-    return p
+    return check_output_folder(out, flag="--out", parents=True)
 
 
 def write_hf_folder(tensors: Mapping[str, torch.Tensor | np.ndarray], src_dir: str | Path,

@@ -12,7 +12,7 @@ from asp_npu.pipeline.preflight import device_problems, preflight, window_prompt
 def _cfg(tmp_path, *overrides):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
     base = [f"model.path={model}", "trainer.device=cpu", "generate_config.num_instances=2",
             "rl_config.n_samples_per_prompt=4", "rl_config.mini_batch_size=16"]
     return load_config(None, base + list(overrides), check=False)

@@ -11,6 +11,7 @@ import torch
 from asp_npu.arch import ModelDims
 from asp_npu.core.layout import Layout
 from asp_npu.errors import UserError
+from asp_npu.io import MODEL_MARKER
 from asp_npu.trainer.convert import hf_to_megatron, read_hf_state
 from asp_npu.trainer.hf_export import MARKER, check_out_dir, export_checkpoint, write_hf_folder
 from tests.trainer.helpers import make_hf_model
@@ -46,9 +47,9 @@ def test_out_dir_guard(tmp_path: Path) -> None:
     check_out_dir(tmp_path / "empty")
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "a.txt").write_text("x")
-    with pytest.raises(UserError, match="non-empty folder asp-npu did not write"):
+    with pytest.raises(UserError, match="theirs.*a.txt"):
         check_out_dir(tmp_path / "theirs")
-    (tmp_path / "theirs" / MARKER).write_text("{}")
+    (tmp_path / "theirs" / MODEL_MARKER).write_text("")  # a model folder asp-npu wrote
     check_out_dir(tmp_path / "theirs")
 
 
