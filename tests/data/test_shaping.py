@@ -40,7 +40,9 @@ def test_hand_built_answers_get_the_documented_reward():
     (max_tokens 64, buffer 16, factor 1): the long right one loses (len - 48) / 16."""
     s = DapoShaping(overlong=True, max_tokens=64, overlong_buffer=16, penalty_factor=1.0)
     answers = ["The answer is \\boxed{42}", "The answer is \\boxed{41}", "so \\boxed{42}", "so \\boxed{41}"]
-    raw = [compute_reward("math", a, "42") for a in answers]
+    # data_source "" scores with the lenient boxed/last-number rule ("math" is verl's math_dapo,
+    # which wants "Answer: 42")
+    raw = [compute_reward("", a, "42") for a in answers]
     assert raw == [1.0, 0.0, 1.0, 0.0]
     lengths = [10, 48, 56, 64]  # tokens of each response (the engine's count)
     assert shaped_rewards(raw, lengths, s) == pytest.approx([1.0, 0.0, 0.5, -1.0])

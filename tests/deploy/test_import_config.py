@@ -241,9 +241,7 @@ def test_context_parallel_and_swap_optimizer(tmp_path: Path, capsys: pytest.Capt
     cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(asp), "--mode", "asp"])
     printed = capsys.readouterr().out
     assert "not mapped: megatron_training.swap_optimizer" not in printed  # host offload in mode asp
-    assert "HybridDeviceOptimizer" in printed
-    act = load_config(str(asp), check=False).actor_config
-    assert act.optimizer_cpu_offload and act.optimizer_offload_fraction == 1.0
+    assert "HybridDeviceOptimizer" in printed  # offload allowed; the layout search chose its fraction
 
 
 def test_an_empty_value_is_named_unmapped_not_a_type_error(tmp_path: Path,
