@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from asp_npu.cli import command_parser
 from asp_npu.config import Config, load_config
@@ -36,6 +36,42 @@ def _layout(cfg: Config, nodes: int, per_node: int, card_name: str, suggest: boo
     return cfg
 
 
+def _cluster(args: Any, cfg: Any) -> tuple[str, int, int]:
+    """(card, nodes, NPUs per node) from the flags, else the config, else the card's; bounded."""
+    card_name = args.card if args.card is not None else cfg.trainer.card
+    try:
+        per_node_default = card_for(card_name).npus_per_node
+    except KeyError as exc:
+        raise UserError(str(exc.args[0])) from None
+    nodes = args.nodes if args.nodes is not None else cfg.trainer.nnodes
+    per_node = (
+        args.npus_per_node
+        if args.npus_per_node is not None
+        else (cfg.trainer.n_devices_per_node or per_node_default)
+    )
+    if nodes < 1 or per_node < 1:
+        raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
+    if nodes > MAX_NODES or per_node > MAX_NPUS_PER_NODE:
+        raise UserError(f"--nodes {nodes} x --npus-per-node {per_node}: at most {MAX_NODES:,} nodes of "
+                        f"{MAX_NPUS_PER_NODE} NPUs are checked (docs/limits.md)")
+    return card_name, nodes, per_node
+
+
+def _print_sim(sim_rows: list[dict[str, Any]] | None, sim_note: str) -> None:
+    """The simulator's estimate per mode, and ASP's throughput over the colocated baseline's."""
+    if not sim_rows:
+        print(f"simulator: {sim_note}")
+        return
+    print(sim_note)
+    w = max(len(r["mode"]) for r in sim_rows)
+    print(f"{'mode':<{w}}  {'iteration (s)':>13}  {'throughput (tok/s)':>18}  layout")
+    for r in sim_rows:
+        print(f"{r['mode']:<{w}}  {r['iteration_s']:>13.1f}  {r['throughput_tok_s']:>18,.0f}  {r['layout']}")
+    if len(sim_rows) == 2 and sim_rows[1]["throughput_tok_s"] > 0:
+        ratio = sim_rows[0]["throughput_tok_s"] / sim_rows[1]["throughput_tok_s"]
+        print(f"asp / mindspeed-sync throughput: {ratio:.2f}x")
+
+
 def main(argv: list[str]) -> int:
     p = command_parser("check", "validate a config against a cluster without touching hardware")
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/npu/qwen25_7b_a2_1node.yaml)")
@@ -54,22 +90,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides, check=False)
-    card_name = args.card if args.card is not None else cfg.trainer.card
-    try:
-        per_node_default = card_for(card_name).npus_per_node
-    except KeyError as exc:
-        raise UserError(str(exc.args[0])) from None
-    nodes = args.nodes if args.nodes is not None else cfg.trainer.nnodes
-    per_node = (
-        args.npus_per_node
-        if args.npus_per_node is not None
-        else (cfg.trainer.n_devices_per_node or per_node_default)
-    )
-    if nodes < 1 or per_node < 1:
-        raise UserError(f"--nodes and --npus-per-node must be >= 1 (got {nodes}, {per_node})")
-    if nodes > MAX_NODES or per_node > MAX_NPUS_PER_NODE:
-        raise UserError(f"--nodes {nodes} x --npus-per-node {per_node}: at most {MAX_NODES:,} nodes of "
-                        f"{MAX_NPUS_PER_NODE} NPUs are checked (docs/limits.md)")
+    card_name, nodes, per_node = _cluster(args, cfg)
     cfg = _layout(cfg, nodes, per_node, card_name, args.suggest, sys.stderr if args.json else sys.stdout)
     lay = check(cfg, nodes, per_node, card_name)
     sim_rows, sim_note = (
@@ -82,20 +103,7 @@ def main(argv: list[str]) -> int:
         print(format_layout(cfg, lay))
         if not lay.problems:
             print("")
-            if sim_rows:
-                print(sim_note)
-                w = max(len(r["mode"]) for r in sim_rows)
-                print(f"{'mode':<{w}}  {'iteration (s)':>13}  {'throughput (tok/s)':>18}  layout")
-                for r in sim_rows:
-                    print(
-                        f"{r['mode']:<{w}}  {r['iteration_s']:>13.1f}  {r['throughput_tok_s']:>18,.0f}  "
-                        f"{r['layout']}"
-                    )
-                if len(sim_rows) == 2 and sim_rows[1]["throughput_tok_s"] > 0:
-                    ratio = sim_rows[0]["throughput_tok_s"] / sim_rows[1]["throughput_tok_s"]
-                    print(f"asp / mindspeed-sync throughput: {ratio:.2f}x")
-            else:
-                print(f"simulator: {sim_note}")
+            _print_sim(sim_rows, sim_note)
         for w_ in lay.warnings:
             print(f"warning: {w_}")
     if lay.problems:

@@ -276,6 +276,14 @@ class VLLMEngine:
             detokenize=sampling.stream or bool(sampling.stop),  # else decoded once at the end
         )
 
+    async def _score(self, item: PromptItem, response: str) -> tuple[float, int]:
+        """(reward, verifier failures) of one response, scored in the instance's verifier pool."""
+        if item.ground_truth is None:
+            return 0.0, 0
+        scored = await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
+                                                item.ground_truth, item.meta.get("extra_info"))
+        return scored.value, scored.failures
+
     async def _sample(
         self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings
     ) -> Trajectory:
@@ -316,11 +324,7 @@ class VLLMEngine:
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
         decoded = params.detokenize
         response = "".join(text) if decoded else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        reward, failures = 0.0, 0
-        if item.ground_truth is not None:
-            scored = await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
-                                                    item.ground_truth, item.meta.get("extra_info"))
-            reward, failures = scored.value, scored.failures
+        reward, failures = await self._score(item, response)
         return Trajectory(
             prompt_id=item.prompt_id,
             sample_idx=idx,

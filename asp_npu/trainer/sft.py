@@ -127,38 +127,16 @@ def warm_start(
     src = cfg.model.path
     tok = AutoTokenizer.from_pretrained(src)
     pairs = training_examples(cfg, tok)
-    eval_set = config_prompts(cfg.data)[
-        : s.eval_prompts
-    ]
+    eval_set = config_prompts(cfg.data)[: s.eval_prompts]
     max_new = cfg.generate_config.sampling_config.max_tokens
     evals = [{"step": 0, **evaluate(src, eval_set, max_new)}]
     log(f"sft: step 0 exact_match={evals[0]['exact_match']:.3f} reward={evals[0]['reward']:.3f}")
-    rng = random.Random(s.seed)
     t0 = time.time()
     group = TrainerGroup(cfg)
-    metrics: dict[str, float] = {}
-    losses: list[float] = []
     out.parent.mkdir(parents=True, exist_ok=True)
     eval_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".eval", dir=out.parent))
-    tmp_eval = eval_dir / "model"  # the model evaluated mid-run: a unique name, removed at the end
-    try:
-        order: list[int] = []
-        for step in range(1, steps + 1):
-            if len(order) < s.batch_size:
-                order += rng.sample(range(len(pairs)), len(pairs))
-            picked, order = order[: s.batch_size], order[s.batch_size :]
-            metrics = group.sft_step(to_batch([pairs[i] for i in picked]), lr_at(step, steps, s.lr))
-            losses.append(metrics["loss"])
-            if step % 10 == 0 or step == steps:
-                log(
-                    f"sft: step {step}/{steps} loss={metrics['loss']:.4f} "
-                    f"tokens/s={metrics['tokens_per_s']:.0f} elapsed={time.time() - t0:.0f}s"
-                )
-            if s.eval_every and step % s.eval_every == 0 and step != steps:
-                save_hf_folder(group.get_hf_weights(), src, tmp_eval, cfg.model.dtype)
-                evals.append({"step": step, **evaluate(tmp_eval, eval_set, max_new)})
-                e = evals[-1]
-                log(f"sft: step {step} exact_match={e['exact_match']:.3f} reward={e['reward']:.3f}")
+    try:  # the model evaluated mid-run gets a unique name, removed at the end
+        metrics, losses = _train(cfg, group, pairs, steps, eval_dir / "model", eval_set, evals, log)
         save_hf_folder(group.get_hf_weights(), src, out, cfg.model.dtype)
     finally:
         group.shutdown()
@@ -177,6 +155,36 @@ def warm_start(
         "evals": evals,
         "out": str(out),
     }
+
+
+def _train(cfg: Config, group: Any, pairs: list[Any], steps: int, tmp_eval: Path, eval_set: list[Any],
+           evals: list[dict[str, Any]], log: Any) -> tuple[dict[str, float], list[float]]:
+    """The SFT steps over shuffled passes of `pairs`, evaluated every `sft.eval_every` steps (appended
+    to `evals`); returns the last step's metrics and every step's loss."""
+    from asp_npu.trainer.convert import save_hf_folder
+
+    s, src = cfg.sft, cfg.model.path
+    max_new = cfg.generate_config.sampling_config.max_tokens
+    rng = random.Random(s.seed)
+    t0 = time.time()
+    metrics: dict[str, float] = {}
+    losses: list[float] = []
+    order: list[int] = []
+    for step in range(1, steps + 1):
+        if len(order) < s.batch_size:
+            order += rng.sample(range(len(pairs)), len(pairs))
+        picked, order = order[: s.batch_size], order[s.batch_size :]
+        metrics = group.sft_step(to_batch([pairs[i] for i in picked]), lr_at(step, steps, s.lr))
+        losses.append(metrics["loss"])
+        if step % 10 == 0 or step == steps:
+            log(f"sft: step {step}/{steps} loss={metrics['loss']:.4f} "
+                f"tokens/s={metrics['tokens_per_s']:.0f} elapsed={time.time() - t0:.0f}s")
+        if s.eval_every and step % s.eval_every == 0 and step != steps:
+            save_hf_folder(group.get_hf_weights(), src, tmp_eval, cfg.model.dtype)
+            evals.append({"step": step, **evaluate(tmp_eval, eval_set, max_new)})
+            e = evals[-1]
+            log(f"sft: step {step} exact_match={e['exact_match']:.3f} reward={e['reward']:.3f}")
+    return metrics, losses
 
 
 def prepare_model(cfg: Config) -> None:
