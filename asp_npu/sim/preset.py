@@ -250,14 +250,20 @@ def _workload_problems(w: WorkloadSpec) -> list[str]:
 
 
 def validate(p: Preset) -> list[str]:
+    """Every problem of a preset, one line each (numbers first: the rest assumes they are numbers)."""
     bad = [x for sec in ("cluster", "workload", "rl", "cost") for x in _number_problems(sec, getattr(p, sec))]
     if bad:
         return bad
-    bad = list(p.cost.validate()) + _workload_problems(p.workload)
-    c, w, r = p.cluster, p.workload, p.rl
-    for name in ("devices", "infer_tp", "max_num_seqs", "min_trainer_devices", "sweep_trainer_devices"):
-        if getattr(c, name) < 1:
-            bad.append(f"cluster.{name} must be >= 1 (got {getattr(c, name)})")
+    return (list(p.cost.validate()) + _workload_problems(p.workload) + _cluster_problems(p.cluster)
+            + _shape_problems(p.workload, p.rl) + _rl_problems(p.rl)
+            + ([f"workload.trace: {p.workload.trace} not found"]
+               if isinstance(p.workload.trace, str) and not Path(p.workload.trace).is_file() else []))
+
+
+def _cluster_problems(c: Cluster) -> list[str]:
+    bad = [f"cluster.{name} must be >= 1 (got {getattr(c, name)})"
+           for name in ("devices", "infer_tp", "max_num_seqs", "min_trainer_devices", "sweep_trainer_devices")
+           if getattr(c, name) < 1]
     if c.split not in ("rule", "search"):
         bad.append(f"cluster.split must be rule|search (got {c.split!r})")
     if c.devices < c.infer_tp + c.min_trainer_devices:
@@ -265,11 +271,13 @@ def validate(p: Preset) -> list[str]:
             f"cluster.devices ({c.devices}) cannot hold one instance (infer_tp={c.infer_tp}) and "
             f"a trainer of min_trainer_devices={c.min_trainer_devices}"
         )
-    for name in ("prompts_per_iteration", "n_samples_per_prompt", "iterations"):
-        if getattr(w, name) < 1:
-            bad.append(f"workload.{name} must be >= 1 (got {getattr(w, name)})")
-    if r.max_lag < 0:
-        bad.append(f"rl.max_lag must be >= 0 (got {r.max_lag})")
+    return bad
+
+
+def _shape_problems(w: WorkloadSpec, r: RLSpec) -> list[str]:
+    """Whole groups per minibatch, whole minibatches (and refresh intervals) per iteration."""
+    counts = ("prompts_per_iteration", "n_samples_per_prompt", "iterations")
+    bad = [f"workload.{name} must be >= 1 (got {getattr(w, name)})" for name in counts if getattr(w, name) < 1]
     n = w.n_samples_per_prompt
     if r.mini_batch_size < n or r.mini_batch_size % n:
         bad.append(f"rl.mini_batch_size ({r.mini_batch_size}) must hold whole groups of {n}")
@@ -286,6 +294,13 @@ def validate(p: Preset) -> list[str]:
         and (w.prompts_per_iteration * n) % (r.mini_batch_size * r.sync_every_minibatches)
     ):
         bad.append("rl.mini_batch_size x rl.sync_every_minibatches must divide the iteration")
+    return bad
+
+
+def _rl_problems(r: RLSpec) -> list[str]:
+    bad = []
+    if r.max_lag < 0:
+        bad.append(f"rl.max_lag must be >= 0 (got {r.max_lag})")
     if not isinstance(r.partial_rollout, bool):
         bad.append(f"rl.partial_rollout must be true|false (got {r.partial_rollout!r})")
     tl = r.max_token_lag
@@ -301,8 +316,6 @@ def validate(p: Preset) -> list[str]:
         bad.append(f"rl.executor must be stream|unit (got {r.executor!r})")
     if r.predictor not in ("history", "prompt-len", "oracle"):
         bad.append(f"rl.predictor must be history|prompt-len|oracle (got {r.predictor!r})")
-    if isinstance(w.trace, str) and not Path(w.trace).is_file():
-        bad.append(f"workload.trace: {w.trace} not found")
     return bad
 
 
