@@ -277,7 +277,7 @@ def _cluster_problems(c: Cluster) -> list[str]:
 def _shape_problems(w: WorkloadSpec, r: RLSpec) -> list[str]:
     """Whole groups per minibatch, whole minibatches (and refresh intervals) per iteration."""
     counts = ("prompts_per_iteration", "n_samples_per_prompt", "iterations")
-    bad = [f"workload.{name} must be >= 1 (got {getattr(w, name)})" for name in counts if getattr(w, name) < 1]
+    bad = [f"workload.{k} must be >= 1 (got {getattr(w, k)})" for k in counts if getattr(w, k) < 1]
     n = w.n_samples_per_prompt
     if r.mini_batch_size < n or r.mini_batch_size % n:
         bad.append(f"rl.mini_batch_size ({r.mini_batch_size}) must hold whole groups of {n}")
