@@ -209,22 +209,11 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
     Returns (arch or None, problems, source description)."""
     known = {f.name for f in fields(Arch)}
     given = {k: v for k, v in asdict(cfg.model.arch).items() if k in known}  # trainer-only keys ignored
-    hf: dict = {}
     cfg_json = Path(cfg.model.path) / "config.json"
-    source = "model.arch"
-    if cfg_json.is_file():
-        try:
-            hf = json.loads(cfg_json.read_text())
-            hf = hf.get("text_config", hf)
-            source = f"{cfg_json} + model.arch" if any(given.values()) else str(cfg_json)
-        except (OSError, ValueError) as exc:
-            return None, [f"model.path: cannot read {cfg_json}: {exc}"], source
-    values: dict = {}
-    for ours in given:
-        v = given[ours] or _from_hf(hf, ours)
-        if ours == "num_key_value_heads" and not v:
-            v = given["num_attention_heads"] or hf.get("num_attention_heads")  # no GQA = MHA
-        values[ours] = v
+    hf, source, unreadable = _read_hf_config(cfg_json, given)
+    if unreadable:
+        return None, [unreadable], source
+    values = _merged_values(given, hf)
     missing = [k for k in _REQUIRED if not values[k]]
     if missing:
         return (
@@ -248,6 +237,38 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
     kwargs["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
     kwargs["model_type"] = mt
     arch = Arch(**kwargs)
+    head_dim_given = bool(given["head_dim"] or hf.get("head_dim"))
+    return arch, _arch_problems(arch, mt, head_dim_given), source
+
+
+def _read_hf_config(cfg_json: Path, given: dict) -> tuple[dict, str, str]:
+    """(HF config or {}, source description, problem or ""): a missing config.json is no problem, since
+    model.arch may say everything; an unreadable one is, so users do not get a silently wrong model."""
+    source = "model.arch"
+    if not cfg_json.is_file():
+        return {}, source, ""
+    try:
+        hf = json.loads(cfg_json.read_text())
+        hf = hf.get("text_config", hf)
+        source = f"{cfg_json} + model.arch" if any(given.values()) else str(cfg_json)
+    except (OSError, ValueError) as exc:
+        return {}, source, f"model.path: cannot read {cfg_json}: {exc}"
+    return hf, source, ""
+
+
+def _merged_values(given: dict, hf: dict) -> dict:
+    """Each field from model.arch, else from config.json; no KV-head count means MHA (kv heads = heads)."""
+    values: dict = {}
+    for ours in given:
+        v = given[ours] or _from_hf(hf, ours)
+        if ours == "num_key_value_heads" and not v:
+            v = given["num_attention_heads"] or hf.get("num_attention_heads")  # no GQA = MHA
+        values[ours] = v
+    return values
+
+
+def _arch_problems(arch: Arch, mt: str, head_dim_given: bool) -> list[str]:
+    """Inconsistencies that would make megatron-core or vLLM fail late: head counts, MoE and MLA fields."""
     problems = []
     if not arch.mla and arch.num_attention_heads % arch.num_key_value_heads:
         problems.append(
@@ -268,14 +289,9 @@ def resolve_arch(cfg: Config) -> tuple[Arch | None, list[str], str]:
         problems.append(
             f"model.arch: model_type {mt} and kv_lora_rank {arch.kv_lora_rank} disagree (MLA is DeepSeek's)"
         )
-    elif (
-        not arch.mla
-        and arch.hidden_size % arch.num_attention_heads
-        and not given["head_dim"]
-        and not hf.get("head_dim")
-    ):
+    elif not arch.mla and arch.hidden_size % arch.num_attention_heads and not head_dim_given:
         problems.append(
             f"model.arch: hidden_size {arch.hidden_size} is not divisible by num_attention_heads "
             f"{arch.num_attention_heads} (set model.arch.head_dim)"
         )
-    return arch, problems, source
+    return problems

@@ -31,7 +31,39 @@ def _ranges(xs: list[int]) -> str:
 
 
 def format_layout(cfg: Config, lay: Layout) -> str:
-    gen, act = cfg.generate_config, cfg.actor_config
+    lines = _summary_lines(cfg, lay)
+    lines.append("")
+    lines += _placement_lines(cfg, lay)
+    if lay.memory:
+        lines.append("")
+        lines += _memory_lines(lay)
+    return "\n".join(lines)
+
+
+def _infer_ep(cfg: Config) -> str:
+    """The rollout's expert-parallel suffix, shown only when experts are split."""
+    ep = cfg.generate_config.infer_expert_parallel_size
+    return f" x EP{ep}" if ep > 1 else ""
+
+
+def _trainer_shape(cfg: Config) -> str:
+    """The trainer's parallel sizes as users write them (CP and EP only where they are used)."""
+    act = cfg.actor_config
+    experts = act.expert_model_parallel_size > 1
+    return (
+        f"TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
+        + (f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else "")
+        + f" x DP{act.data_parallel_size}"
+        + (f" (EP{act.expert_model_parallel_size}" if experts else "")
+        + (f" x expert TP{act.expert_tensor_parallel_size}" if experts
+           and act.expert_tensor_parallel_size else "")
+        + (")" if experts else "")
+        + (f"; stages of {'+'.join(map(str, act.num_layer_list))} layers" if act.num_layer_list else "")
+    )
+
+
+def _summary_lines(cfg: Config, lay: Layout) -> list[str]:
+    """Cluster, model and mode lines: what the check was run against, before any table."""
     lines = [
         f"cluster: {lay.nodes} node(s) x {lay.npus_per_node} NPUs = {lay.total_npus} ({lay.card.description})"
     ]
@@ -40,21 +72,18 @@ def format_layout(cfg: Config, lay: Layout) -> str:
         lines.append(f"model:   {a.describe()} from {lay.arch_source}, {cfg.model.dtype}")
     kind = "colocated: rollout and training take turns on the same NPUs" if lay.colocated else "disaggregated"
     per_instance = instance_npus(cfg)
-    ep = f" x EP{gen.infer_expert_parallel_size}" if gen.infer_expert_parallel_size > 1 else ""
     lines.append(
         f"mode:    {lay.mode} ({kind}); rollout {lay.rollout_npus // per_instance} instances x "
-        f"{per_instance} NPUs (infer TP{gen.infer_tensor_parallel_size}{ep}) = {lay.rollout_npus} NPUs; "
-        f"trainer TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}"
-        + (f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else "")
-        + f" x DP{act.data_parallel_size}"
-        + (f" (EP{act.expert_model_parallel_size}" if act.expert_model_parallel_size > 1 else "")
-        + (f" x expert TP{act.expert_tensor_parallel_size}" if act.expert_model_parallel_size > 1
-           and act.expert_tensor_parallel_size else "")
-        + (")" if act.expert_model_parallel_size > 1 else "")
-        + (f"; stages of {'+'.join(map(str, act.num_layer_list))} layers" if act.num_layer_list else "")
+        f"{per_instance} NPUs (infer TP{cfg.generate_config.infer_tensor_parallel_size}{_infer_ep(cfg)}) = "
+        f"{lay.rollout_npus} NPUs; trainer {_trainer_shape(cfg)}"
         + f" = {lay.trainer_npus} NPUs; {len(lay.idle)} idle"
     )
-    lines.append("")
+    return lines
+
+
+def _placement_lines(cfg: Config, lay: Layout) -> list[str]:
+    """One row per rollout instance, trainer TP group and idle node, so users see where each NPU goes."""
+    tp = cfg.generate_config.infer_tensor_parallel_size
     rows = [("node", "NPUs", "role", "placement")]
     for inst in lay.instances:
         rows.append(
@@ -62,7 +91,7 @@ def format_layout(cfg: Config, lay: Layout) -> str:
                 str(inst.node) if inst.span_nodes == 1 else f"{inst.node}-{inst.node + inst.span_nodes - 1}",
                 _ranges(inst.npus),
                 "rollout",
-                f"instance {inst.instance} (vLLM, TP{gen.infer_tensor_parallel_size}{ep})",
+                f"instance {inst.instance} (vLLM, TP{tp}{_infer_ep(cfg)})",
             )
         )
     for g in lay.trainer:
@@ -82,36 +111,37 @@ def format_layout(cfg: Config, lay: Layout) -> str:
     if len(rows) == 1:
         rows.append(("-", "-", "-", "no placement (see the problems below)"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
-    if lay.memory:
-        order = (
-            "trainer_resident",
-            "weights",
-            "gradients",
-            "optimizer",
-            "activations",
-            "logits",
-            "reference",
-            "workspace",
-            "kv_cache",
-            "runtime",
+    return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
+
+
+_MEMORY_ORDER = (
+    "trainer_resident",
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "logits",
+    "reference",
+    "workspace",
+    "kv_cache",
+    "runtime",
+)
+
+
+def _memory_lines(lay: Layout) -> list[str]:
+    """The per-NPU memory table (only the parts some role has) and each role's notes."""
+    keys = [k for k in _MEMORY_ORDER if any(k in m.parts for m in lay.memory)]
+    head = ["memory per NPU (GiB)"] + keys + ["total", "budget"]
+    table = [head]
+    for m in lay.memory:
+        table.append(
+            [m.role]
+            + [f"{m.parts[k]:.1f}" if k in m.parts else "-" for k in keys]
+            + [f"{m.total_gib:.1f}", f"{m.budget_gib:.1f}"]
         )
-        keys = [k for k in order if any(k in m.parts for m in lay.memory)]
-        head = ["memory per NPU (GiB)"] + keys + ["total", "budget"]
-        table = [head]
-        for m in lay.memory:
-            table.append(
-                [m.role]
-                + [f"{m.parts[k]:.1f}" if k in m.parts else "-" for k in keys]
-                + [f"{m.total_gib:.1f}", f"{m.budget_gib:.1f}"]
-            )
-        w = [max(len(r[i]) for r in table) for i in range(len(head))]
-        lines.append("")
-        lines += [
-            "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in table
-        ]
-        lines += [f"  {m.role}: {n}" for m in lay.memory for n in m.notes]
-    return "\n".join(lines)
+    w = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in table]
+    return lines + [f"  {m.role}: {n}" for m in lay.memory for n in m.notes]
 
 
 def sim_estimate(cfg: Config, lay: Layout) -> tuple[list[dict] | None, str]:

@@ -62,12 +62,36 @@ def _paper() -> Any:
 
 def build_preset(cfg: Config, lay: Layout) -> Any:
     """A `asp_npu.sim.preset.Preset` for this config on this layout."""
-    from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec
+    from asp_npu.sim.preset import Preset
 
     base = _paper()
     a = lay.arch
     assert a is not None
-    gen, act, rl = cfg.generate_config, cfg.actor_config, cfg.rl_config
+    itp, iep = cfg.generate_config.infer_tensor_parallel_size, cfg.generate_config.infer_expert_parallel_size
+    cost = _scaled_cost(cfg, lay, base)
+    return Preset(
+        f"check:{lay.mode}",
+        _cluster(cfg, lay, cost.train_dp_devices),
+        _workload(cfg, base),
+        _rl_spec(cfg, lay),
+        cost,
+        dict(base.sources),
+        [
+            f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params"
+            + (f" ({a.active_params / 1e9:.1f}B active)" if a.moe else "")
+            + f", inference TP{itp}"
+            + (f" x EP{iep}" if iep > 1 else "")
+        ],
+        base.path,
+    )
+
+
+def _scaled_cost(cfg: Config, lay: Layout, base: Any) -> Any:
+    """The paper preset's cost model rescaled to this model, inference TP / EP and trainer layout, so the
+    estimate inherits its sourced numbers instead of new guesses."""
+    a = lay.arch
+    assert a is not None
+    gen, act = cfg.generate_config, cfg.actor_config
     itp, base_itp = gen.infer_tensor_parallel_size, base.cluster.infer_tp
     wb = 4 if cfg.model.dtype == "float32" else 2
     ref_params = 7.6e9  # the paper preset's model (Qwen2.5-7B)
@@ -78,7 +102,7 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     base_weights_read = ref_params * 2 / base_itp / HBM_BYTES_PER_S
     c = base.cost
     layout_factor, host_step = trainer_layout_costs(cfg, lay)
-    cost = replace(
+    return replace(
         c,
         decode_a=c.decode_a - base_weights_read + weights_read,
         decode_c=a.kv_bytes_per_token(wb, 1) / itp / HBM_BYTES_PER_S,
@@ -92,23 +116,35 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
         to_train_s=c.to_train_s * scale,
         to_infer_s=c.to_infer_s * scale,
     )
+
+
+def _cluster(cfg: Config, lay: Layout, rank_devices: int) -> Any:
+    """The simulated cluster: colocated NPUs count once, and ASP may pick its own split there."""
+    from asp_npu.sim.preset import Cluster
+
     devices = lay.rollout_npus + lay.trainer_npus
     if lay.colocated:
         devices = max(lay.rollout_npus, lay.trainer_npus)
-    rank_devices = cost.train_dp_devices
-    cluster = Cluster(
+    return Cluster(
         devices=devices,
-        infer_tp=itp,
-        max_num_seqs=gen.max_num_seqs,
+        infer_tp=cfg.generate_config.infer_tensor_parallel_size,
+        max_num_seqs=cfg.generate_config.max_num_seqs,
         # a colocated config gives ASP the best simulated split (>= one trainer DP rank); else the layout's
         min_trainer_devices=rank_devices if lay.colocated else lay.trainer_npus,
         sweep_trainer_devices=lay.trainer_npus,
         split="search" if lay.colocated else "rule",
     )
+
+
+def _workload(cfg: Config, base: Any) -> Any:
+    """The paper preset's synthetic trace shape, scaled to this config's batch, max_tokens and prompts."""
+    from asp_npu.sim.preset import WorkloadSpec
+
+    rl = cfg.rl_config
     n = rl.n_samples_per_prompt
     ppi = rl.global_batch_size or max(1, rl.mini_batch_size // n)
     synth = dict(base.workload.synth)
-    cap = gen.sampling_config.max_tokens
+    cap = cfg.generate_config.sampling_config.max_tokens
     synth.update(
         n=n,
         prompts=ppi * 2,
@@ -117,31 +153,23 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
         median_len=max(16.0, float(synth.get("median_len", 2048)) * cap / float(synth.get("max_len", 16384))),
         prompt_median=min(float(synth.get("prompt_median", 160)), rl.max_prompt_length / 2),
     )
-    workload = WorkloadSpec(
+    return WorkloadSpec(
         prompts_per_iteration=ppi, n_samples_per_prompt=n, iterations=ITERATIONS, synth=synth
     )
-    rls = RLSpec(
+
+
+def _rl_spec(cfg: Config, lay: Layout) -> Any:
+    """The RL schedule to simulate; a synchronous colocated config gets ASP's usual lag for comparison."""
+    from asp_npu.sim.preset import RLSpec
+
+    rl = cfg.rl_config
+    return RLSpec(
         mini_batch_size=rl.mini_batch_size,
         max_lag=max(rl.max_lag, ASP_LAG_FOR_SYNC_CONFIGS) if lay.colocated else rl.max_lag,
         sync_every_minibatches=rl.weight_refresh_interval,
         predictor=rl.predictor if rl.predictor in ("history", "prompt-len", "oracle") else "history",
         executor="stream",
         plan_window=1,
-    )
-    return Preset(
-        f"check:{lay.mode}",
-        cluster,
-        workload,
-        rls,
-        cost,
-        dict(base.sources),
-        [
-            f"cost from the 'paper' preset scaled to {a.params / 1e9:.1f}B params"
-            + (f" ({a.active_params / 1e9:.1f}B active)" if a.moe else "")
-            + f", inference TP{itp}"
-            + (f" x EP{iep}" if iep > 1 else "")
-        ],
-        base.path,
     )
 
 

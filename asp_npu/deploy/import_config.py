@@ -569,22 +569,10 @@ def _loss_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> bool
 
 def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
     """rl_config keys; False = not one asp-npu maps."""
-    leaf = key.split(".")[-1]
-    if _loss_key(ms, tr, key, value):
+    if _loss_key(ms, tr, key, value) or _rl_batch_key(tr, key, value):
         return True
-    if key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
-        tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
-    elif key == "rl_config.use_dynamic_bsz":
-        tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
-    elif key == "rl_config.use_remove_padding":
-        tr.set(key, "actor_config.use_remove_padding", bool(value))
-    elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
-        tr.set(key, key, _as_float(key, value))
-    elif key == "rl_config.filter_groups_enable":
-        tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
-    elif leaf in _DAPO_SAME_NAME:
-        tr.set(key, f"rl_config.{leaf}", value)
-    elif leaf in ("use_wandb", "use_swanlab", "wandb_project", "wandb_exp_name"):
+    leaf = key.split(".")[-1]
+    if leaf in ("use_wandb", "use_swanlab", "wandb_project", "wandb_exp_name"):
         _logger_key(ms, tr, key, value)
     elif leaf == "num_npus":
         found.num_npus = _as_int(key, value)
@@ -604,6 +592,27 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
         _reward_key(tr, key, value)
     elif key == "rl_config.use_tensorboard":
         _logger_key(ms, tr, key, value)
+    else:
+        return False
+    return True
+
+
+def _rl_batch_key(tr: Translation, key: str, value: Any) -> bool:
+    """rl_config's packing, clipping and DAPO keys, checked before the generic same-name ones so that
+    DAPO's names win; False = not one of them."""
+    leaf = key.split(".")[-1]
+    if key in ("rl_config.max_packing_token_size", "rl_config.update_max_packing_token_size"):
+        tr.set(key, "actor_config.ppo_max_token_len_per_gpu", _as_int(key, value))
+    elif key == "rl_config.use_dynamic_bsz":
+        tr.set(key, "actor_config.use_dynamic_bsz", bool(value))
+    elif key == "rl_config.use_remove_padding":
+        tr.set(key, "actor_config.use_remove_padding", bool(value))
+    elif key in ("rl_config.clip_ratio_low", "rl_config.clip_ratio_high"):
+        tr.set(key, key, _as_float(key, value))
+    elif key == "rl_config.filter_groups_enable":
+        tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
+    elif leaf in _DAPO_SAME_NAME:
+        tr.set(key, f"rl_config.{leaf}", value)
     else:
         return False
     return True
@@ -805,11 +814,24 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
     tp = _as_int("tensor_model_parallel_size", act.get("tensor_model_parallel_size", 1))
     pp = _as_int("pipeline_model_parallel_size", act.get("pipeline_model_parallel_size", 1))
     seen = {leaf: _layout_value(ms, leaf) for leaf in _LAYOUT_KEYS}
-    for top in ("megatron_training", "actor_config"):  # the shadowed megatron_training copies
+    _shadowed_layout_keys(ms, tr, seen)
+    _moe_tp_extend_ep(tr, seen, act, tp)
+    _swap_cp_and_stages(tr, seen)
+    _noop_layers(tr, seen, model_layers, pp)
+
+
+def _shadowed_layout_keys(ms: dict[str, Any], tr: Translation, seen: dict[str, tuple[str, Any]]) -> None:
+    """megatron_training copies that actor_config overrides count as mapped: the ledger stays complete."""
+    for top in ("megatron_training", "actor_config"):
         for leaf in _LAYOUT_KEYS:
             key = f"{top}.{leaf}"
             if isinstance(ms.get(top), dict) and leaf in ms[top] and key != seen[leaf][0]:
                 tr.mapped.append(key)
+
+
+def _moe_tp_extend_ep(tr: Translation, seen: dict[str, tuple[str, Any]], act: dict[str, Any],
+                      tp: int) -> None:
+    """MindSpeed's experts over TP x EP, each whole, are megatron-core's EP = TP x EP with expert TP 1."""
     key, extend = seen["moe_tp_extend_ep"]
     if key and extend:
         ep = _as_int("expert_model_parallel_size", act.get("expert_model_parallel_size", 1))
@@ -819,6 +841,10 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
                         f"parallel_size {ep * tp} with expert_tensor_parallel_size 1")
     elif key:
         tr.mapped.append(key)
+
+
+def _swap_cp_and_stages(tr: Translation, seen: dict[str, tuple[str, Any]]) -> None:
+    """swap_optimizer, context_parallel_size and num_layer_list: keys with a direct megatron-core twin."""
     key, swap = seen["swap_optimizer"]
     if key and swap:
         _swap_optimizer(tr, key)
@@ -831,6 +857,11 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
     key, layer_list = seen["num_layer_list"]
     if key:
         tr.set(key, "actor_config.num_layer_list", _int_list(key, layer_list))
+
+
+def _noop_layers(tr: Translation, seen: dict[str, tuple[str, Any]], model_layers: int, pp: int) -> None:
+    """noop_layers + num_layers -> the real layers per stage (num_layer_list); megatron-core has no
+    no-op layers, so the padded model's even split becomes an uneven one of the real layers."""
     noop_key, noop = seen["noop_layers"]
     layers_key, padded = seen["num_layers"]
     if not noop_key:
@@ -841,13 +872,7 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
         return
     padded_n = _as_int(layers_key, padded) if layers_key else model_layers
     holes = sorted(set(_int_list(noop_key, noop)))
-    why = ""
-    if not padded_n or padded_n % pp:
-        why = f"num_layers {padded_n} does not split evenly over PP{pp}"
-    elif holes and not 0 <= holes[0] <= holes[-1] < padded_n:
-        why = f"no-op layer indices {holes} are outside 0..{padded_n - 1}"
-    elif model_layers and padded_n - len(holes) != model_layers:
-        why = f"{padded_n} - {len(holes)} no-op layers != the model's {model_layers} layers"
+    why = _noop_problem(padded_n, holes, model_layers, pp)
     if why:
         tr.skip(noop_key, why)
         if layers_key:
@@ -860,6 +885,17 @@ def _layout_keys(ms: dict[str, Any], tr: Translation, model_layers: int, colocat
         tr.mapped.append(layers_key)
     tr.notes.append(f"{noop_key} {holes} in {padded_n} padded layers over PP{pp}: stages of "
                     f"{'+'.join(map(str, stages))} real layers (actor_config.num_layer_list)")
+
+
+def _noop_problem(padded_n: int, holes: list[int], model_layers: int, pp: int) -> str:
+    """Why the no-op layers cannot be turned into stages ("" if they can)."""
+    if not padded_n or padded_n % pp:
+        return f"num_layers {padded_n} does not split evenly over PP{pp}"
+    if holes and not 0 <= holes[0] <= holes[-1] < padded_n:
+        return f"no-op layer indices {holes} are outside 0..{padded_n - 1}"
+    if model_layers and padded_n - len(holes) != model_layers:
+        return f"{padded_n} - {len(holes)} no-op layers != the model's {model_layers} layers"
+    return ""
 
 
 def _swap_optimizer(tr: Translation, key: str) -> None:
@@ -892,19 +928,12 @@ def _passes(trial: Config, nodes: int, per_node: int, card: Card) -> bool:
 def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Translation) -> None:
     """Split `total` NPUs between rollout instances and the trainer (or colocate them); `tr.fits` says
     whether the chosen layout passes `asp-npu check`."""
-    act, gen = base.actor_config, base.generate_config
-    tp, pp, itp = (
-        act.tensor_model_parallel_size,
-        act.pipeline_model_parallel_size,
-        gen.infer_tensor_parallel_size,
-    )
-    replica = tp * pp * act.context_parallel_size  # trainer ranks per data-parallel rank
-    cp = f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else ""
     k = instance_npus(base)
     card = card_for(card_name)
     per_node = min(card.npus_per_node, total)
     nodes = math.ceil(total / per_node)
     if mode in COLOCATED_MODES:
+        replica = _replica(base)
         choice = (max(1, total // k), max(1, total // replica))
         trial = copy.deepcopy(base)
         trial.rl_config.mode = mode
@@ -913,31 +942,7 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
     elif _searched(base, nodes, per_node, card, mode, tr):
         return
     else:
-        candidates = []
-        for dp in range(1, total // replica + 1):
-            instances = (total - replica * dp) // k
-            if instances < 1:
-                break
-            trial = copy.deepcopy(base)
-            trial.rl_config.mode = mode
-            trial.actor_config.data_parallel_size = dp
-            trial.generate_config.num_instances = instances
-            ok = _passes(trial, nodes, per_node, card)
-            candidates.append((not ok, abs(replica * dp - total / 2), -instances, instances, dp))
-        if not candidates:
-            raise UserError(
-                f"actor_resource.num_npus={total} cannot hold a trainer (TP{tp} x PP{pp}{cp}) plus one "
-                f"rollout instance ({k} NPUs); use --mode mindspeed-sync or more NPUs"
-            )
-        candidates.sort()
-        bad, _, _, instances, dp = candidates[0]
-        choice = (instances, dp)
-        tr.fits = not bad
-        if bad:
-            tr.notes.append(
-                "no split of the NPUs passes `asp-npu check`; kept the most balanced one -- run the "
-                "check to see what to change"
-            )
+        choice = _balanced_split(base, total, nodes, per_node, card, mode, tr)
     tr.out.setdefault("generate_config", {})["num_instances"] = choice[0]
     tr.out.setdefault("actor_config", {})["data_parallel_size"] = choice[1]
     tr.out.setdefault("rl_config", {})["mode"] = mode
@@ -950,9 +955,55 @@ def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Tran
     }
     tr.notes.append(
         f"layout: {total} NPUs ({nodes} x {per_node} {card.name}) -> {choice[0]} rollout instances x "
-        f"{k} NPUs (TP{itp}) + trainer TP{tp} x PP{pp}{cp} x DP{choice[1]}"
+        f"{k} NPUs (TP{base.generate_config.infer_tensor_parallel_size}) + trainer {_trainer_shape(base)} "
+        f"x DP{choice[1]}"
         + (" (colocated)" if mode in COLOCATED_MODES else "")
     )
+
+
+def _replica(base: Config) -> int:
+    """Trainer ranks per data-parallel rank: the unit the trainer's NPUs come in."""
+    act = base.actor_config
+    return act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.context_parallel_size
+
+
+def _trainer_shape(base: Config) -> str:
+    """The trainer's model-parallel sizes as the notes and errors show them (CP only where used)."""
+    act = base.actor_config
+    cp = f" x CP{act.context_parallel_size}" if act.context_parallel_size > 1 else ""
+    return f"TP{act.tensor_model_parallel_size} x PP{act.pipeline_model_parallel_size}{cp}"
+
+
+def _balanced_split(base: Config, total: int, nodes: int, per_node: int, card: Card, mode: str,
+                    tr: Translation) -> tuple[int, int]:
+    """(instances, trainer DP) when the layout search finds nothing: a passing split first, then the one
+    closest to half the NPUs for the trainer, then the most instances; noted when none passes."""
+    replica, k = _replica(base), instance_npus(base)
+    candidates = []
+    for dp in range(1, total // replica + 1):
+        instances = (total - replica * dp) // k
+        if instances < 1:
+            break
+        trial = copy.deepcopy(base)
+        trial.rl_config.mode = mode
+        trial.actor_config.data_parallel_size = dp
+        trial.generate_config.num_instances = instances
+        ok = _passes(trial, nodes, per_node, card)
+        candidates.append((not ok, abs(replica * dp - total / 2), -instances, instances, dp))
+    if not candidates:
+        raise UserError(
+            f"actor_resource.num_npus={total} cannot hold a trainer ({_trainer_shape(base)}) plus one "
+            f"rollout instance ({k} NPUs); use --mode mindspeed-sync or more NPUs"
+        )
+    candidates.sort()
+    bad, _, _, instances, dp = candidates[0]
+    tr.fits = not bad
+    if bad:
+        tr.notes.append(
+            "no split of the NPUs passes `asp-npu check`; kept the most balanced one -- run the "
+            "check to see what to change"
+        )
+    return instances, dp
 
 
 def _searched(base: Config, nodes: int, per_node: int, card: Card, mode: str, tr: Translation) -> bool:
@@ -987,16 +1038,7 @@ def _searched(base: Config, nodes: int, per_node: int, card: Card, mode: str, tr
 
 def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: str = "asp") -> Translation:
     """MindSpeed-RL GRPO config (parsed YAML) -> Translation (our overrides + ledger)."""
-    if not isinstance(ms, dict) or not {"actor_config", "rl_config", "generate_config"} & set(ms):
-        raise UserError(
-            f"{source}: not a MindSpeed-RL GRPO config (no actor_config / rl_config / generate_config)"
-        )
-    for section in ("megatron_training", "actor_config", "rl_config", "generate_config"):
-        if ms.get(section) is not None and not isinstance(ms[section], dict):
-            raise UserError(f"{source}: {section}: expected a mapping, got {type(ms[section]).__name__}")
-    refused = _refusal(ms)
-    if refused:
-        raise UserError(f"{source}: cannot import: {refused}")
+    _check_importable(ms, source)
     tr = Translation()
     try:
         num_npus, model_name = _translate_keys(ms, tr, mode)
@@ -1005,18 +1047,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     _optimizer_defaults(ms, tr)
     _reward_defaults(ms, tr)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
-    arch = None
-    for name in names:
-        for folder in (source.parent / "model", source.parent.parent / "configs" / "model"):
-            arch = _arch_from_mindspeed_model(folder, name)
-            if arch:
-                tr.notes.append(f"model.arch from {folder / (name + '.yaml')}")
-                break
-        if arch is None and name in KNOWN_MODELS:
-            arch = KNOWN_MODELS[name]
-            tr.notes.append(f"model.arch from asp-npu's table for {name}")
-        if arch:
-            break
+    arch = _find_arch(names, source, tr)
     try:
         _layout_keys(ms, tr, int(arch.get("num_layers", 0)) if arch else 0, mode in COLOCATED_MODES)
     except UserError as exc:
@@ -1029,6 +1060,49 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         )
     tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
     _loss_defaults(ms, tr, source)
+    _rollout_memory(ms, tr, source, mode)
+    if num_npus:
+        _layout(ms, tr, source, card, mode, num_npus)
+    else:
+        tr.notes.append("rl_config.actor_resource.num_npus missing: layout left at asp-npu defaults")
+    return tr
+
+
+def _check_importable(ms: Any, source: Path) -> None:
+    """Refuse a file that is not a MindSpeed-RL GRPO config, or one asp-npu cannot train, before any
+    translation, so nothing half-translated is written."""
+    if not isinstance(ms, dict) or not {"actor_config", "rl_config", "generate_config"} & set(ms):
+        raise UserError(
+            f"{source}: not a MindSpeed-RL GRPO config (no actor_config / rl_config / generate_config)"
+        )
+    for section in ("megatron_training", "actor_config", "rl_config", "generate_config"):
+        if ms.get(section) is not None and not isinstance(ms[section], dict):
+            raise UserError(f"{source}: {section}: expected a mapping, got {type(ms[section]).__name__}")
+    refused = _refusal(ms)
+    if refused:
+        raise UserError(f"{source}: cannot import: {refused}")
+
+
+def _find_arch(names: list[str], source: Path, tr: Translation) -> dict[str, Any] | None:
+    """The model's architecture: MindSpeed-RL's model YAML next to the file wins over asp-npu's table,
+    so a user's own model definition is the one checked."""
+    arch = None
+    for name in names:
+        for folder in (source.parent / "model", source.parent.parent / "configs" / "model"):
+            arch = _arch_from_mindspeed_model(folder, name)
+            if arch:
+                tr.notes.append(f"model.arch from {folder / (name + '.yaml')}")
+                break
+        if arch is None and name in KNOWN_MODELS:
+            arch = KNOWN_MODELS[name]
+            tr.notes.append(f"model.arch from asp-npu's table for {name}")
+        if arch:
+            break
+    return arch
+
+
+def _rollout_memory(ms: dict[str, Any], tr: Translation, source: Path, mode: str) -> None:
+    """Disaggregated rollout NPUs hold no trainer state, so a colocated file's low KV-cache share rises."""
     gen_in = ms.get("generate_config", {})
     if (
         mode not in COLOCATED_MODES
@@ -1041,35 +1115,38 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
             f"generate_config.gpu_memory_utilization {gen_in['gpu_memory_utilization']} -> 0.9: in mode "
             f"{mode} rollout NPUs are not shared with training, so the KV cache may take the rest"
         )
+
+
+def _layout(ms: dict[str, Any], tr: Translation, source: Path, card: str | None, mode: str,
+            num_npus: int) -> None:
+    """Place the file's NPUs; when no disaggregated split fits but colocating would, say so rather than
+    write a config that fails `asp-npu check`."""
     card_name = card or card_from_name(str(source)) or "910b"
-    if num_npus:
-        base = _as_config(tr.out)
-        bad = range_problems(base)  # zero parallel sizes would divide by zero in the layout search
-        if bad:
-            raise UserError(f"{source}: translated {bad[0]}")
-        no_split: UserError | None = None
-        try:
-            _choose_layout(base, num_npus, card_name, mode, tr)
-        except UserError as exc:
-            no_split, tr.fits = exc, False
-        if not tr.fits and mode not in COLOCATED_MODES:
-            try:
-                colocated = translate(ms, source, card, "mindspeed-sync")
-            except UserError:
-                colocated = None
-            if colocated is not None and colocated.fits:
-                raise UserError(
-                    f"{source}: no split of its {num_npus} NPUs between rollout instances and the trainer "
-                    f"passes `asp-npu check` in mode {mode}"
-                    + (f" (smallest footprint: {tr.blocker})" if tr.blocker else "")
-                    + "; --mode mindspeed-sync fits (rollout and "
-                    "training take turns on every NPU, as MindSpeed-RL runs it)"
-                )
-            if no_split is not None:
-                raise no_split
-    else:
-        tr.notes.append("rl_config.actor_resource.num_npus missing: layout left at asp-npu defaults")
-    return tr
+    base = _as_config(tr.out)
+    bad = range_problems(base)  # zero parallel sizes would divide by zero in the layout search
+    if bad:
+        raise UserError(f"{source}: translated {bad[0]}")
+    no_split: UserError | None = None
+    try:
+        _choose_layout(base, num_npus, card_name, mode, tr)
+    except UserError as exc:
+        no_split, tr.fits = exc, False
+    if tr.fits or mode in COLOCATED_MODES:
+        return
+    try:
+        colocated: Translation | None = translate(ms, source, card, "mindspeed-sync")
+    except UserError:
+        colocated = None
+    if colocated is not None and colocated.fits:
+        raise UserError(
+            f"{source}: no split of its {num_npus} NPUs between rollout instances and the trainer "
+            f"passes `asp-npu check` in mode {mode}"
+            + (f" (smallest footprint: {tr.blocker})" if tr.blocker else "")
+            + "; --mode mindspeed-sync fits (rollout and "
+            "training take turns on every NPU, as MindSpeed-RL runs it)"
+        )
+    if no_split is not None:
+        raise no_split
 
 
 def _loss_defaults(ms: dict[str, Any], tr: Translation, source: Path) -> None:

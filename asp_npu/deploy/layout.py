@@ -195,13 +195,17 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
 
 
 def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
-    act, gen = cfg.actor_config, cfg.generate_config
-    tp, pp, itp = (
-        act.tensor_model_parallel_size,
-        act.pipeline_model_parallel_size,
-        gen.infer_tensor_parallel_size,
-    )
-    p = lay.problems
+    lay.problems += _trainer_divisibility(cfg, arch)
+    lay.problems += _rollout_divisibility(cfg, arch, lay.npus_per_node)
+    lay.problems += _tp_in_node(cfg, lay.npus_per_node)
+    lay.problems += _length_problems(cfg, arch)
+
+
+def _trainer_divisibility(cfg: Config, arch: Arch) -> list[str]:
+    """Megatron-core splits heads over TP and layers over PP stages; an uneven split fails at model build."""
+    act = cfg.actor_config
+    tp, pp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size
+    p: list[str] = []
     if arch.num_attention_heads % tp:
         p.append(
             f"actor_config.tensor_model_parallel_size: TP{tp} does not divide num_attention_heads "
@@ -219,7 +223,14 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"actor_config.pipeline_model_parallel_size: PP{pp} does not divide num_layers "
             f"{arch.num_layers}; set actor_config.num_layer_list for uneven stages"
         )
-    iep = gen.infer_expert_parallel_size
+    return p
+
+
+def _rollout_divisibility(cfg: Config, arch: Arch, npus_per_node: int) -> list[str]:
+    """vLLM's expert and tensor parallel sizes against the model's experts and heads, found before launch."""
+    gen = cfg.generate_config
+    itp, iep = gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size
+    p: list[str] = []
     # training EP vs experts and DP: `config.validate` (trainer.parallel.expert_problems)
     if iep > 1 and not arch.moe:
         p.append(f"generate_config.infer_expert_parallel_size: {iep} on a dense model (no experts)")
@@ -228,10 +239,10 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"generate_config.infer_expert_parallel_size: {iep} does not divide the "
             f"{arch.num_experts} experts"
         )
-    if iep > lay.npus_per_node and iep % lay.npus_per_node:
+    if iep > npus_per_node and iep % npus_per_node:
         p.append(
             f"generate_config.infer_expert_parallel_size: an instance of {iep} NPUs must fill whole nodes of "
-            f"{lay.npus_per_node}"
+            f"{npus_per_node}"
         )
     if arch.num_attention_heads % itp:
         p.append(
@@ -243,15 +254,28 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"generate_config.infer_tensor_parallel_size: TP{itp} and num_key_value_heads "
             f"{arch.num_key_value_heads} must divide one another"
         )
+    return p
+
+
+def _tp_in_node(cfg: Config, npus_per_node: int) -> list[str]:
+    """A TP group must stay inside one node (HCCS); across nodes its all-reduces would crawl."""
+    p: list[str] = []
     for name, k in (
-        ("actor_config.tensor_model_parallel_size", tp),
-        ("generate_config.infer_tensor_parallel_size", itp),
+        ("actor_config.tensor_model_parallel_size", cfg.actor_config.tensor_model_parallel_size),
+        ("generate_config.infer_tensor_parallel_size", cfg.generate_config.infer_tensor_parallel_size),
     ):
-        if k > lay.npus_per_node or lay.npus_per_node % k:
+        if k > npus_per_node or npus_per_node % k:
             p.append(
-                f"{name}: TP{k} must divide the {lay.npus_per_node} NPUs of a node (a TP group stays in one "
+                f"{name}: TP{k} must divide the {npus_per_node} NPUs of a node (a TP group stays in one "
                 f"node, on HCCS)"
             )
+    return p
+
+
+def _length_problems(cfg: Config, arch: Arch) -> list[str]:
+    """Prompt + response must fit vLLM's max_model_len and the model's positions, else requests fail."""
+    gen = cfg.generate_config
+    p: list[str] = []
     s = seq_len(cfg)
     need = cfg.rl_config.max_prompt_length + gen.sampling_config.max_tokens
     if gen.max_model_len and gen.max_model_len < need:
@@ -263,6 +287,7 @@ def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
             f"generate_config.max_model_len: {s} tokens exceed the model's max_position_embeddings "
             f"{arch.max_position_embeddings}"
         )
+    return p
 
 
 def _batches(cfg: Config, lay: Layout) -> None:
