@@ -91,8 +91,8 @@ def measure(
 def token_slots(batches: list[TrainBatch], mbs: int, max_token_len: int) -> dict:
     """Token positions the trainer computes over `batches` (after the warm-up one): real tokens, right-
     padded micro-batches (length-sorted, `use_dynamic_bsz` when `max_token_len`), packed streams."""
+    from asp_npu.trainer.batching import batch_to_samples, make_micro_batches
     from asp_npu.trainer.packing import packed_micro_batches
-    from asp_npu.trainer.worker import batch_to_samples, make_micro_batches
 
     out = {"real": 0, "padded": 0, "packed": 0}
     for b in batches[1:]:

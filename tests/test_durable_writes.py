@@ -188,7 +188,7 @@ def test_a_special_file_is_never_replaced_by_a_folder(tmp_path: Path, special: s
 def test_save_hf_folder_full_disk_keeps_the_previous_model(tmp_path: Path, monkeypatch) -> None:
     import shutil
 
-    from asp_npu.trainer.convert import save_hf_folder
+    from asp_npu.trainer.hf_export import save_hf_folder
     from asp_npu.weights.hf import HFWeights
 
     src = tmp_path / "src"

@@ -29,7 +29,6 @@ from asp_npu.arch import ModelDims
 from asp_npu.core.layout import Layout
 from asp_npu.errors import ConfigError
 from asp_npu.trainer.model import padded_vocab_size
-from asp_npu.weights.hf import HFWeights
 
 _ATTN = "self_attention"
 
@@ -51,17 +50,6 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
     if (p / "pytorch_model.bin").is_file():
         return torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise ConfigError(f"model.path: '{path}' holds no model.safetensors / pytorch_model.bin")
-
-
-def initial_weights(model_path: str | Path, dims: ModelDims,
-                    load_megatron: str = "") -> dict[str, torch.Tensor]:
-    """The full HF tensors a trainer starts from: the Megatron checkpoint `model.load_megatron` names
-    (any TP/PP, merged), else the HF folder's own weights."""
-    if load_megatron:
-        from asp_npu.trainer.megatron_ckpt import read_megatron
-
-        return read_megatron(load_megatron, dims)
-    return read_hf_state(model_path)
 
 
 def _tp_chunk(t: torch.Tensor, tp: int, rank: int, dim: int = 0) -> torch.Tensor:
@@ -309,18 +297,6 @@ def _stage_to_hf(sd: Mapping[str, torch.Tensor], dims: ModelDims, layers: range,
 def to_numpy(tensors: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """float32 numpy copies (numpy pickles fast through Ray; torch tensors do not)."""
     return {k: v.detach().to(torch.float32).cpu().numpy() for k, v in tensors.items()}
-
-
-def save_hf_folder(weights: HFWeights, src_dir: str | Path, out_dir: str | Path,
-                   dtype: str = "float32") -> Path:
-    """Write an HF folder (config + tokenizer of `src_dir`, the new weights as sharded safetensors in
-    `dtype`) that transformers and vLLM load: the writer `asp-npu export-hf` uses. All or nothing: a
-    failure leaves a previous `out_dir` as it was."""
-    from asp_npu.trainer.hf_export import write_hf_folder
-    from asp_npu.trainer.model import DTYPES
-
-    return write_hf_folder(weights.tensors, src_dir, out_dir, DTYPES[dtype],
-                           {"source": "sft", "policy_version": weights.version})
 
 
 def load_safetensors_bytes(blob: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from asp_npu.errors import UserError
+from asp_npu.weights.hf import HFWeights
 
 MARKER = "asp_npu_export.json"
 INDEX = "model.safetensors.index.json"
@@ -173,3 +174,14 @@ def export_checkpoint(root: str | Path, out: str | Path, step: int | None = None
     write_hf_folder(hf, src, dest, dtype, info, max_shard_bytes)
     return {**info, "out": str(dest), "dtype": _name(dtype), "tensors": len(hf),
             "bytes": int(sum(t.numel() * t.element_size() for t in hf.values()))}
+
+
+def save_hf_folder(weights: HFWeights, src_dir: str | Path, out_dir: str | Path,
+                   dtype: str = "float32") -> Path:
+    """Write an HF folder (config + tokenizer of `src_dir`, the new weights as sharded safetensors in
+    `dtype`) that transformers and vLLM load: the writer `asp-npu export-hf` uses. All or nothing: a
+    failure leaves a previous `out_dir` as it was."""
+    from asp_npu.trainer.model import DTYPES
+
+    return write_hf_folder(weights.tensors, src_dir, out_dir, DTYPES[dtype],
+                           {"source": "sft", "policy_version": weights.version})

@@ -261,3 +261,14 @@ class _process_group:
 
         if self.mine:
             dist.destroy_process_group()
+
+
+def initial_weights(model_path: str | Path, dims: ModelDims,
+                    load_megatron: str = "") -> dict[str, torch.Tensor]:
+    """The full HF tensors a trainer starts from: the Megatron checkpoint `model.load_megatron` names
+    (any TP/PP, merged), else the HF folder's own weights."""
+    if load_megatron:
+        return read_megatron(load_megatron, dims)
+    from asp_npu.trainer.convert import read_hf_state
+
+    return read_hf_state(model_path)

@@ -15,7 +15,7 @@ same `cu_seqlens`, so the swap is a device choice (`device.DeviceSpec.packed_spl
 Only the model's inputs are packed: the loss-side tensors (`mask`, `adv`, `behav`) stay in the
 `[batch, seq]` layout the loss uses, and `unpack` scatters the per-token log-probs back to it, so
 the loss, its normalisation and `compute_logprobs` see exactly what the padded path gives them.
-Data-parallel ranks are balanced by real tokens (`worker.shard_for_dp`); with `use_dynamic_bsz` a
+Data-parallel ranks are balanced by real tokens (`batching.shard_for_dp`); with `use_dynamic_bsz` a
 micro-batch holds up to `ppo_max_token_len_per_gpu` real tokens (first-fit decreasing), otherwise
 `micro_batch_size` samples as in the padded path. Context parallelism is refused with packing (the
 CP split would have to cut every packed sequence into its own 2 x CP chunks, Transformer Engine's
@@ -56,9 +56,9 @@ def token_groups(samples: Sequence[_Sized], max_token_len: int) -> list[list[int
 
 def packed_micro_batches(samples: Sequence[Any], micro_batch_size: int, max_token_len: int = 0,
                          pad_multiple: int = 1) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches of `samples` (worker.Sample) as packed streams: `micro_batch_size` samples each in
+    """Micro-batches of `samples` (batching.Sample) as packed streams: `micro_batch_size` samples each in
     the padded path's order, or up to `max_token_len` real tokens each (use_dynamic_bsz)."""
-    from asp_npu.trainer.worker import make_micro_batches  # the loss-side [batch, seq] tensors
+    from asp_npu.trainer.batching import make_micro_batches  # the loss-side [batch, seq] tensors
 
     if max_token_len:
         groups = [[samples[i] for i in g] for g in token_groups(samples, max_token_len)]

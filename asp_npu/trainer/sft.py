@@ -117,8 +117,8 @@ def warm_start(
     from transformers import AutoTokenizer
 
     from asp_npu.data.datasets import config_prompts
-    from asp_npu.trainer.convert import save_hf_folder
     from asp_npu.trainer.group import TrainerGroup
+    from asp_npu.trainer.hf_export import save_hf_folder
 
     s = cfg.sft
     steps = s.steps if steps is None else steps
@@ -161,7 +161,7 @@ def _train(cfg: Config, group: Any, pairs: list[Any], steps: int, tmp_eval: Path
            evals: list[dict[str, Any]], log: Any) -> tuple[dict[str, float], list[float]]:
     """The SFT steps over shuffled passes of `pairs`, evaluated every `sft.eval_every` steps (appended
     to `evals`); returns the last step's metrics and every step's loss."""
-    from asp_npu.trainer.convert import save_hf_folder
+    from asp_npu.trainer.hf_export import save_hf_folder
 
     s, src = cfg.sft, cfg.model.path
     max_new = cfg.generate_config.sampling_config.max_tokens

@@ -39,7 +39,8 @@ def test_refresh_then_greedy_equals_refreshed_hf(arch, tmp_path):
     from asp_npu.data.init_model import build_model_dir
     from asp_npu.device import rollout_env
     from asp_npu.rollout.vllm_engine import VLLMEngine
-    from asp_npu.trainer.convert import read_hf_state, save_hf_folder, to_numpy
+    from asp_npu.trainer.convert import read_hf_state, to_numpy
+    from asp_npu.trainer.hf_export import save_hf_folder
     from asp_npu.weights.hf import HFWeights
 
     model = build_model_dir(tmp_path / arch, "tiny", seed=0, arch=arch)

@@ -26,7 +26,7 @@ def probe_entropy(w: Any, seed: int = 99) -> dict[int, list[float]]:
     """Per-token entropy of every response token of a probe batch (DP=1: every rank sees all samples)."""
     import torch
 
-    from asp_npu.trainer.worker import Sample
+    from asp_npu.trainer.batching import Sample
 
     batch = make_batch(seed=seed)
     samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids), 0.0,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asp_npu.trainer.worker import batch_to_samples, make_micro_batches, shard_for_dp
+from asp_npu.trainer.batching import batch_to_samples, make_micro_batches, shard_for_dp
 from asp_npu.types import TrainBatch, Trajectory
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from asp_npu.config import Config, validate
 from asp_npu.errors import ConfigError
+from asp_npu.trainer.batching import Sample, make_micro_batches
 from asp_npu.trainer.features import check_features, megatron_features
-from asp_npu.trainer.worker import Sample, make_micro_batches
 from tests.trainer.test_layout import DIMS
 
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asp_npu.config import Config, validate
+from asp_npu.trainer.batching import Sample, agg_norm, batch_to_samples, make_micro_batches, shard_for_dp
 from asp_npu.trainer.losses import (
     LOSS_AGG_MODES,
     AggNorm,
@@ -30,7 +31,6 @@ from asp_npu.trainer.losses import (
     sequence_kl,
     vocab_parallel_entropy,
 )
-from asp_npu.trainer.worker import Sample, agg_norm, batch_to_samples, make_micro_batches, shard_for_dp
 from asp_npu.types import TrainBatch, Trajectory
 
 E = math.exp
@@ -312,7 +312,7 @@ def test_sequence_kl_sums_each_rows_response_tokens():
 
 def test_kl_in_the_reward_moves_advantages_as_verl_does():
     """verl: token_level_rewards = scores - beta * kld, GRPO on their sum: r_i - beta * sum_t kld_i,t."""
-    from asp_npu.trainer.worker import batch_advantages
+    from asp_npu.trainer.batching import batch_advantages
 
     trajs = [Trajectory("p", i, [1], [2, 3], [-1.0, -1.0], "stop", 1.0, 0) for i in range(3)]
     b = TrainBatch(trajs, 3)

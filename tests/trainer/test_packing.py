@@ -18,9 +18,9 @@ from asp_npu.cli import main as cli_main
 from asp_npu.config import Config, validate
 from asp_npu.device import spec
 from asp_npu.errors import ConfigError
+from asp_npu.trainer.batching import batch_to_samples, make_micro_batches
 from asp_npu.trainer.features import block_spec, check_features
 from asp_npu.trainer.packing import block_causal_mask, pack, packed_micro_batches, token_groups, unpack
-from asp_npu.trainer.worker import batch_to_samples, make_micro_batches
 from tests.trainer.test_batching import _batch
 from tests.trainer.test_layout import DIMS
 

@@ -1,0 +1,148 @@
+"""A TrainBatch as trainer samples: GRPO advantages per group, the data-parallel shard of each rank
+(balanced by tokens), and micro-batches (by count, or by a token budget: verl's use_dynamic_bsz).
+
+Every rank receives the whole TrainBatch and deterministically picks its shard, so the driver never
+needs to know the layout; the loss's normalisation (`agg_norm`) counts the whole minibatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from asp_npu.config import Config
+from asp_npu.trainer.losses import AggNorm, equal_reward_groups, group_advantages
+from asp_npu.types import TrainBatch, Trajectory
+
+
+@dataclass
+class Sample:
+    """One trajectory as trainer tensors: inputs are tokens[:-1], labels tokens[1:]."""
+
+    index: int  # position in the TrainBatch
+    tokens: list[int]
+    prompt_len: int
+    advantage: float
+    behaviour: list[float]  # logprobs of the response tokens under the rollout policy
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def response_len(self) -> int:
+        """Positions that carry loss (mask 1): the response tokens."""
+        return self.length - self.prompt_len + 1
+
+
+def agg_norm(samples: list[Sample], cfg: Config) -> AggNorm:
+    """The whole minibatch's response tokens and sequences (each rank sees all samples, so every rank
+    and micro-batch divides by the same totals); `loss_scale_factor` 0 = the response cap max_tokens."""
+    scale = cfg.rl_config.loss_scale_factor or cfg.generate_config.sampling_config.max_tokens
+    return AggNorm(tokens=float(sum(s.response_len for s in samples)), seqs=float(len(samples)),
+                   scale=float(scale))
+
+
+def group_key(t: Trajectory) -> tuple[str, int]:
+    return (t.prompt_id, t.epoch)
+
+
+def batch_advantages(batch: TrainBatch, norm_by_std: bool = True,
+                     penalties: dict[int, float] | None = None) -> np.ndarray:
+    """GRPO advantages of every trajectory; `penalties` (by batch index) are subtracted from the rewards
+    first (KL in the reward, verl's `use_kl_in_reward`)."""
+    trajs = batch.trajectories
+    rewards = [t.reward - (penalties or {}).get(i, 0.0) for i, t in enumerate(trajs)]
+    return group_advantages(rewards, [group_key(t) for t in trajs], norm_by_std=norm_by_std)
+
+
+def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
+                     norm_by_std: bool = True) -> tuple[list[Sample], int]:
+    """Advantages per GRPO group (optionally dropping zero-signal groups); returns samples, dropped groups."""
+    trajs = batch.trajectories
+    keys = [group_key(t) for t in trajs]
+    rewards = [t.reward for t in trajs]
+    sizes: dict[Any, int] = {}
+    for k in keys:
+        sizes[k] = sizes.get(k, 0) + 1
+    bad = {k: n for k, n in sizes.items() if n != batch.group_size}
+    if bad:
+        k, n = next(iter(bad.items()))
+        raise ValueError(f"TrainBatch holds an incomplete group: prompt {k[0]} has {n} samples, "
+                         f"group_size is {batch.group_size}")
+    adv = batch_advantages(batch, norm_by_std)
+    drop = equal_reward_groups(rewards, keys) if drop_equal_groups else set()
+    samples = []
+    for i, (t, k) in enumerate(zip(trajs, keys, strict=True)):
+        if k in drop or not t.response_token_ids:
+            continue
+        if len(t.logprobs) != len(t.response_token_ids):
+            raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
+                             f"{len(t.response_token_ids)} response tokens")
+        samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
+                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs)))
+    return samples, len(drop)
+
+
+def shard_for_dp(samples: list[Sample], dp: int, dp_rank: int) -> list[Sample]:
+    """Greedy longest-first balancing of tokens across data-parallel ranks (deterministic)."""
+    loads = [0] * dp
+    mine: list[Sample] = []
+    for s in sorted(samples, key=lambda s: (-s.length, s.index)):
+        r = min(range(dp), key=lambda j: (loads[j], j))
+        loads[r] += s.length
+        if r == dp_rank:
+            mine.append(s)
+    return mine
+
+
+def micro_batch_bounds(lengths: list[int], micro_batch_size: int, max_token_len: int = 0) -> list[int]:
+    """End offsets of the micro-batches over samples sorted longest first: `micro_batch_size` each, or,
+    with `max_token_len` (verl's use_dynamic_bsz), as many as fit that many padded tokens (at least
+    one), so a long-tailed minibatch is not padded to its longest sample in every micro-batch."""
+    ends, start = [], 0
+    while start < len(lengths):
+        end = start + 1
+        while end < len(lengths) and (
+            (end + 1 - start) * lengths[start] <= max_token_len if max_token_len
+            else end - start < micro_batch_size
+        ):
+            end += 1
+        ends.append(end)
+        start = end
+    return ends
+
+
+def make_micro_batches(samples: list[Sample], micro_batch_size: int, max_token_len: int = 0,
+                       pad_multiple: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak),
+    rounded up to `pad_multiple` (sequence parallelism splits the sequence over TP ranks)."""
+    out = []
+    ordered = sorted(samples, key=lambda s: (-s.length, s.index))
+    start = 0
+    for end in micro_batch_bounds([s.length for s in ordered], micro_batch_size, max_token_len):
+        chunk, start = ordered[start:end], end
+        seq = -(-max(s.length for s in chunk) // pad_multiple) * pad_multiple
+        b = len(chunk)
+        ids = torch.zeros(b, seq, dtype=torch.long)
+        labels = torch.zeros(b, seq, dtype=torch.long)
+        mask = torch.zeros(b, seq)
+        adv = torch.zeros(b, seq)
+        behav = torch.zeros(b, seq)
+        for j, s in enumerate(chunk):
+            t = torch.tensor(s.tokens, dtype=torch.long)
+            ids[j, :s.length] = t[:-1]
+            labels[j, :s.length] = t[1:]
+            lo, hi = s.prompt_len - 1, s.length
+            mask[j, lo:hi] = 1.0
+            adv[j, lo:hi] = s.advantage
+            behav[j, lo:hi] = torch.tensor(s.behaviour, dtype=torch.float32)
+        out.append({"input_ids": ids, "labels": labels, "mask": mask, "adv": adv, "behav": behav,
+                    "position_ids": torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous(),
+                    "index": torch.tensor([s.index for s in chunk]),
+                    "lengths": torch.tensor([s.length for s in chunk]),
+                    "resp_len": torch.tensor([s.response_len for s in chunk])})
+    return out
