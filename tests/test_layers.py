@@ -95,6 +95,49 @@ def test_no_circle_between_rooms():
             assert circle is None, f"import circle: {' -> '.join(circle)}"
 
 
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """asp_npu module -> the asp_npu modules it imports (`from pkg import submodule` counts as one)."""
+    known = {_module_of(p) for p in _files()}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for p in _files():
+        src = _module_of(p)
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                           for a in node.names]
+            edges[src].update(t for t in targets if t in known and t != src and not src.startswith(t + "."))
+    return edges
+
+
+def test_no_circle_between_files():
+    edges = _module_edges()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state and (found := visit(nxt, [*path, node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            circle = visit(start, [])
+            assert circle is None, f"import circle between files: {' -> '.join(circle)}"
+
+
 def _loaded_after_import(modules: list[str]) -> set[str]:
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('\\n'.join(sys.modules))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
