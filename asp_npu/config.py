@@ -235,7 +235,8 @@ class RLConfig(Section):
     kl_horizon: float = 10000.0  # adaptive: horizon in samples (verl kl_ctrl.horizon)
     drop_equal_reward_groups: bool = False  # DAPO dynamic sampling (MindSpeed-RL filter_groups_enable)
     # groups whose rewards are all equal are filtered before the trainer and replaced by more prompts;
-    # at most (filter_groups_max_batches - 1) x global batch x train_iters groups per run (0: no cap)
+    # at most (filter_groups_max_batches - 1) x global batch x train_iters groups per run (<= 0: no cap;
+    #   verl and MindSpeed-RL write -1)
     filter_groups_max_batches: int = 10
     # DAPO overlong reward shaping: a response longer than max_tokens - overlong_buffer loses
     # (length - (max_tokens - overlong_buffer)) / overlong_buffer x overlong_buffer_penalty_factor
@@ -401,6 +402,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.weight_refresh_interval": AT_LEAST_1,
     "rl_config.clip_ratio_low": (0, 1, False, False),
     "rl_config.importance_cap": (0, None, False, False),  # 0 = no off-policy correction
+    "rl_config.filter_groups_max_batches": (-1, None, False, False),  # -1 / 0: no cap (verl, MindSpeed-RL)
     "rl_config.kl_target": POSITIVE,
     "rl_config.kl_horizon": POSITIVE,
     "rl_config.max_prompt_length": AT_LEAST_1,

@@ -40,3 +40,24 @@ def test_dapo_data_and_logger_keys_are_mapped(tmp_path: Path, capsys) -> None:
     assert cfg.data.map_keys == {"prompt": "Problem", "query": "", "response": "Answer", "system": ""}
     assert cfg.trainer.logger == ["console", "jsonl", "tensorboard", "wandb", "swanlab"]
     assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("dapo", "qwen7b")
+
+
+def test_no_cap_on_filtered_batches_imports_as_written(tmp_path: Path) -> None:
+    """MindSpeed-RL's shipped DAPO configs write `filter_groups_max_batches: -1` (no cap): it imports and
+    validates (it was refused as out of range), and the run filters without a cap."""
+    from asp_npu.config import validate
+    from asp_npu.data.shaping import filter_budget
+
+    ms = OmegaConf.to_container(OmegaConf.load(FIXTURE))
+    ms["rl_config"].update({"filter_groups_enable": True, "filter_groups_max_batches": -1})
+    src = tmp_path / "src" / FIXTURE.name
+    src.parent.mkdir()
+    shutil.copytree(FIXTURE.parent / "model", src.parent / "model")
+    src.write_text(OmegaConf.to_yaml(OmegaConf.create(ms)))
+    out = tmp_path / "ours.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode",
+                     "mindspeed-sync"]) == 0
+    cfg = load_config(str(out), check=False)
+    assert cfg.rl_config.filter_groups_max_batches == -1
+    assert not [p for p in validate(cfg) if "filter_groups_max_batches" in p]
+    assert filter_budget(cfg.rl_config.filter_groups_max_batches, 32, 10) is None
