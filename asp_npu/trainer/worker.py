@@ -300,7 +300,7 @@ class TrainerWorker:
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
                 logp = packing.unpack(self._token_logprobs(output, mb["labels"]), mb)  # [b, s] either way
-                extra = {"entropy": self._token_entropy(output)} if with_entropy else {}
+                extra = {"entropy": packing.unpack(self._token_entropy(output), mb)} if with_entropy else {}
                 loss, info = loss_fn(k, mb, logp, **extra)
                 return loss, torch.ones((), dtype=torch.int), info
 

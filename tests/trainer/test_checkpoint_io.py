@@ -99,7 +99,7 @@ def test_export_refuses_torn_checkpoints_and_foreign_folders_writing_nothing(exp
     (foreign / "notes.txt").write_text("keep me")
     cases = [((str(torn), "--out", str(root / "o1")), "no latest.json"),
              ((str(ckpt), "--step", "9", "--out", str(root / "o2")), "iter_0000009 is incomplete or missing"),
-             ((str(ckpt), "--out", str(foreign)), "non-empty folder asp-npu did not write")]
+             ((str(ckpt), "--out", str(foreign)), "which is not part of a model folder asp-npu wrote")]
     for argv, message in cases:
         proc = export_cli(*argv, cwd=root)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
