@@ -199,17 +199,7 @@ def main() -> int:
         resumed = {"tp2dp1_to_tp1dp2": _resume(model, str(Path(tmp) / "ckpt"), (2, 1), (1, 2)),
                    "cp2_to_tp2": _resume(model, str(Path(tmp) / "ckpt_cp"), (1, 1, 2), (2, 1, 1))}
     runs = {**one, **two[0], **four[0]}
-    parity = []
-    for name, ref in PAIRS:
-        a, b = runs[name], runs[ref]
-        parity.append({
-            "setup": name, "reference": ref,
-            "max_loss_diff": max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True)),
-            "max_grad_diff": max(float(np.abs(ga[k] - gb[k]).max())
-                                 for ga, gb in zip(a["grads"], b["grads"], strict=True) for k in ga),
-            "max_logprob_diff": max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"], strict=True)
-                                    for x, y in zip(la, lb, strict=True)),
-            "losses": a["losses"]})
+    parity = _parity(runs, PAIRS)
     memory = {"TP1 DP1": [one["TP1 DP1"]["bytes"]], "TP1 DP1 distopt": [one["TP1 DP1 distopt"]["bytes"]],
               **{k: [r[k]["bytes"] for r in two] for k in TWO_RANKS}}
     out = {"parity": parity, "allocated_bytes_per_rank": memory, "reshard_resume": resumed}

@@ -73,15 +73,13 @@ def test_no_import_runs_back_up():
     assert not up, f"imports that run back up a layer: {up}"
 
 
-def test_no_circle_between_rooms():
-    graph: dict[str, set[str]] = defaultdict(set)
-    for s, d in _room_edges():
-        graph[s].add(d)
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (node -> the nodes it imports), or None."""
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> list[str] | None:
         state[node] = 1
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
                 return [*path, node, nxt]
             if nxt not in state and (found := visit(nxt, [*path, node])):
@@ -90,9 +88,17 @@ def test_no_circle_between_rooms():
         return None
 
     for start in sorted(graph):
-        if start not in state:
-            circle = visit(start, [])
-            assert circle is None, f"import circle: {' -> '.join(circle)}"
+        if start not in state and (found := visit(start, [])):
+            return found
+    return None
+
+
+def test_no_circle_between_rooms():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for s, d in _room_edges():
+        graph[s].add(d)
+    circle = _circle(graph)
+    assert circle is None, f"import circle: {' -> '.join(circle)}"
 
 
 def _module_of(path: Path) -> str:
@@ -119,23 +125,8 @@ def _module_edges() -> dict[str, set[str]]:
 
 
 def test_no_circle_between_files():
-    edges = _module_edges()
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> list[str] | None:
-        state[node] = 1
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                return [*path, node, nxt]
-            if nxt not in state and (found := visit(nxt, [*path, node])):
-                return found
-        state[node] = 2
-        return None
-
-    for start in sorted(edges):
-        if start not in state:
-            circle = visit(start, [])
-            assert circle is None, f"import circle between files: {' -> '.join(circle)}"
+    circle = _circle(_module_edges())
+    assert circle is None, f"import circle between files: {' -> '.join(circle)}"
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:
