@@ -1098,6 +1098,11 @@ def _find_arch(names: list[str], source: Path, tr: Translation) -> dict[str, Any
             tr.notes.append(f"model.arch from asp-npu's table for {name}")
         if arch:
             break
+    act = tr.out.get("actor_config", {})
+    if arch and arch.get("num_experts") and act.get("use_remove_padding"):
+        act["use_remove_padding"] = False  # packing changes speed, never the result
+        tr.notes.append("rl_config.use_remove_padding: asp-npu packs dense models only; this MoE model "
+                        "trains on padded micro-batches (same log-probs and gradients, more compute)")
     return arch
 
 
