@@ -28,7 +28,7 @@ from typing import Any
 
 from asp_npu.data.reward_pool import OK, VerifierPool
 from asp_npu.data.tasks import TASKS, answer_items
-from asp_npu.data.verifiers import MINDSPEED_VERIFIERS, VERL_SCORES, verl_rule_for
+from asp_npu.data.verifiers import MINDSPEED_VERIFIERS, VERL_SCORES, brace_end, verl_rule_for
 
 RewardFn = Callable[[str, Any], float]
 
@@ -74,15 +74,8 @@ def last_boxed(text: str) -> str | None:
     if brace < 0:
         rest = text[idx + len("\\boxed") :].strip().split()
         return rest[0] if rest else None
-    depth = 0
-    for j in range(brace, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[brace + 1 : j]
-    return None
+    end = brace_end(text, brace)
+    return None if end is None else text[brace + 1 : end]
 
 
 def last_number(text: str) -> str | None:

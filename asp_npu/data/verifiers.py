@@ -60,7 +60,7 @@ def truth_text(ground_truth: Any) -> str:
 
 
 # ------------------------------------------------------------------ boxed answers
-def _brace_end(text: str, start: int) -> int | None:
+def brace_end(text: str, start: int) -> int | None:
     """Index of the `}` closing the first `{` at or after `start` (None: unbalanced or no brace)."""
     depth = 0
     for j in range(start, len(text)):
@@ -78,7 +78,7 @@ def boxed_content(text: str) -> str | None:
     idx = text.rfind("\\boxed{")
     if idx < 0:
         return None
-    end = _brace_end(text, idx)
+    end = brace_end(text, idx)
     return None if end is None else text[idx + len("\\boxed{"): end]
 
 
@@ -89,7 +89,7 @@ def _boxed_after_word(text: str) -> str:
         return ""
     if tail[0] != "{":
         return tail.split("$")[0].strip()
-    end = _brace_end(tail, 0)
+    end = brace_end(tail, 0)
     return tail[1:end] if end is not None else tail[1:].replace("{", "").replace("}", "")
 
 
@@ -190,7 +190,7 @@ def _verl_boxed(text: str) -> str | None:
     idx = text.rfind("\\boxed")
     if idx < 0:
         return None
-    end = _brace_end(text, idx)
+    end = brace_end(text, idx)
     if end is None:
         return None
     span = text[idx: end + 1]
