@@ -25,8 +25,9 @@ class Sample:
     index: int  # position in the TrainBatch
     tokens: list[int]
     prompt_len: int
-    advantage: float
+    advantage: float | list[float]  # one per sample (outcome estimators) or one per response token (GAE)
     behaviour: list[float]  # logprobs of the response tokens under the rollout policy
+    loss_mask: list[int] | None = None  # per response token, 0 = no loss (a tool's output); None = all 1
 
     @property
     def length(self) -> int:
@@ -34,8 +35,9 @@ class Sample:
 
     @property
     def response_len(self) -> int:
-        """Positions that carry loss (mask 1): the response tokens."""
-        return self.length - self.prompt_len + 1
+        """Positions that carry loss (mask 1): the response tokens, less those `loss_mask` leaves out."""
+        n = self.length - self.prompt_len + 1
+        return n if self.loss_mask is None else int(sum(1 for m in self.loss_mask[:n] if m))
 
 
 def agg_norm(samples: list[Sample], cfg: Config) -> AggNorm:
@@ -83,7 +85,8 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
             raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
                              f"{len(t.response_token_ids)} response tokens")
         samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
-                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs)))
+                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs),
+                              list(t.loss_mask) or None))
     return samples, len(drop)
 
 
@@ -116,6 +119,17 @@ def micro_batch_bounds(lengths: list[int], micro_batch_size: int, max_token_len:
     return ends
 
 
+def response_row(value: float | list[float] | list[int] | None, n: int, default: float = 0.0) -> torch.Tensor:
+    """A per-response-token row of `n`: a scalar broadcast, a list taken as is (its length checked)."""
+    if value is None:
+        return torch.full((n,), default)
+    if isinstance(value, (int, float)):
+        return torch.full((n,), float(value))
+    if len(value) != n:
+        raise ValueError(f"{len(value)} per-token values for {n} response tokens")
+    return torch.tensor(value, dtype=torch.float32)
+
+
 def make_micro_batches(samples: list[Sample], micro_batch_size: int, max_token_len: int = 0,
                        pad_multiple: int = 1) -> list[dict[str, torch.Tensor]]:
     """Length-sorted micro-batches, right-padded to their own longest sample (causal mask: no leak),
@@ -137,8 +151,8 @@ def make_micro_batches(samples: list[Sample], micro_batch_size: int, max_token_l
             ids[j, :s.length] = t[:-1]
             labels[j, :s.length] = t[1:]
             lo, hi = s.prompt_len - 1, s.length
-            mask[j, lo:hi] = 1.0
-            adv[j, lo:hi] = s.advantage
+            mask[j, lo:hi] = response_row(s.loss_mask, hi - lo, 1.0)
+            adv[j, lo:hi] = response_row(s.advantage, hi - lo)
             behav[j, lo:hi] = torch.tensor(s.behaviour, dtype=torch.float32)
         out.append({"input_ids": ids, "labels": labels, "mask": mask, "adv": adv, "behav": behav,
                     "position_ids": torch.arange(seq).unsqueeze(0).expand(b, -1).contiguous(),

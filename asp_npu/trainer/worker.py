@@ -539,9 +539,9 @@ class TrainerWorker:
         if lr is not None:
             self.set_lr(lr)
         samples = [Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids), len(t.prompt_token_ids),
-                          0.0, [0.0] * len(t.response_token_ids))
+                          0.0, [0.0] * len(t.response_token_ids), list(t.loss_mask) or None)
                    for i, t in enumerate(batch.trajectories) if t.response_token_ids]
-        norm = float(sum(s.length - s.prompt_len + 1 for s in samples))
+        norm = float(sum(s.response_len for s in samples))
         micro = self._my_micro_batches(samples)
         self.model.train()
         self._zero_grad()
