@@ -338,7 +338,7 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
         out.append(f"rl_config.partial_rollout: must be true|false (got {rl.partial_rollout!r})")
     elif rl.partial_rollout:
         mode = TABLE.get(rl.mode)
-        if mode is not None and (mode.colocated or mode.fixed_lag == 0 or rl.max_lag == 0):
+        if mode is not None and not mode.allows_partial(rl.max_lag):
             out.append(f"rl_config.partial_rollout: mode '{rl.mode}' is synchronous or colocated; "
                        "partial rollout needs an asynchronous disaggregated mode")
         elif rl.weight_refresh_mode == "drain":

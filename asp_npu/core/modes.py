@@ -57,6 +57,15 @@ class Mode:
     def colocated_in_sim(self) -> bool:
         return self.colocated if self.sim_colocated is None else self.sim_colocated
 
+    def allows_partial(self, max_lag: int | None = None, simulated: bool = False) -> bool:
+        """The partial-rollout rule, its one home: unfinished sequences carry on across weight refreshes
+        only on their own devices with a nonzero lag, an asynchronous disaggregated mode (SortedRL's
+        colocated preempt-and-resume is its own mode). `max_lag` is the run's when the mode fixes none;
+        `simulated` reads the mode as the simulator models it."""
+        colocated = self.colocated_in_sim if simulated else self.colocated
+        lag = self.fixed_lag if self.fixed_lag is not None else max_lag
+        return not colocated and lag != 0
+
 
 TABLE: dict[str, Mode] = {
     "mindspeed-sync": Mode("mindspeed-sync", "fifo", "pull", "continuous", "fifo", True, True,

@@ -26,11 +26,11 @@ PARTIAL = "+partial"
 
 
 def partial_allowed(mode: str) -> bool:
-    """Partial rollout needs weights refreshed while sequences decode: an asynchronous disaggregated mode."""
+    """`Mode.allows_partial` as the real pipeline runs the mode (an unknown name: False)."""
     from asp_npu.core.modes import TABLE
 
     m = TABLE.get(mode)
-    return m is not None and not m.colocated and m.fixed_lag != 0
+    return m is not None and m.allows_partial()
 
 
 def with_partial(modes: list[str]) -> list[str]:

@@ -125,10 +125,8 @@ def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | N
 
 
 def partial_allowed(mode: str) -> bool:
-    """Partial rollout needs in-flight sequences across weight refreshes on their own devices: an
-    asynchronous disaggregated mode (SortedRL's colocated preempt-and-resume is its own mode)."""
-    ms = SPECS[mode]
-    return not ms.colocated_in_sim and ms.fixed_lag != 0
+    """`Mode.allows_partial` as the simulator models the mode."""
+    return SPECS[mode].allows_partial(simulated=True)
 
 
 def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> RunSpec:
@@ -147,7 +145,7 @@ def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> R
             version, lag = mb * k, preset.rl.max_lag
     dealt = bool(ms.deal)
     partial = preset.rl.partial_rollout
-    if partial and (ms.colocated_in_sim or lag == 0):
+    if partial and not ms.allows_partial(lag, simulated=True):
         raise UserError(
             f"rl.partial_rollout: mode '{mode}' is synchronous or colocated; partial rollout needs "
             "an asynchronous disaggregated mode"
