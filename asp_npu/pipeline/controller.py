@@ -80,7 +80,7 @@ class Controller:
         self.supply = GroupSupply()  # groups planned / filtered by DAPO dynamic sampling
         self._tokenizer: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-trainer")
-        self.supervisor = Supervisor(self)
+        self.supervisor = Supervisor(cfg, self.fleet, self.policy, self.recorder)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -89,6 +89,7 @@ class Controller:
         self.weights = make_weights(self.cfg.generate_config.weight_transfer, self.fleet.trainer,
                                     self.fleet.instances, self.cfg.model.dtype, self.fleet.drain,
                                     self.fleet.kind, self.mode.colocated)
+        self.supervisor.attach(self.weights)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
         if self.cfg.actor_config.load:  # trainer, queue, ledger, data position, predictor
@@ -116,7 +117,7 @@ class Controller:
             self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
         return self._tokenizer
 
-    def _prompt_len(self, item: PromptItem) -> int:
+    def prompt_len(self, item: PromptItem) -> int:
         from asp_npu.data.datasets import encode_prompt
 
         ids = item.prompt_token_ids
@@ -136,7 +137,7 @@ class Controller:
 
     def plan_items(self, w: int, items: list[PromptItem]) -> None:
         """Plan and feed `items` (window `w`'s prompts, or those a resumed run still needs)."""
-        plens = np.array([self._prompt_len(it) for it in items], dtype=np.int64)
+        plens = np.array([self.prompt_len(it) for it in items], dtype=np.int64)
         base_ids = np.array([it.meta["base_id"] for it in items], dtype=str)
         wp = self.planner.plan(w, [it.prompt_id for it in items], base_ids, plens, self.cfg.data.seed + w)
         assert wp.plan is not None

@@ -27,19 +27,58 @@ import pickle
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from asp_npu.config import Config
+from asp_npu.core.policy import DispatchPolicy
+from asp_npu.core.run_dir import RunDir
+from asp_npu.core.shape import RunShape
 from asp_npu.core.train_queue import QueuedGroup
+from asp_npu.core.window import GroupSupply
 from asp_npu.errors import ConfigError
 from asp_npu.io import atomic_write
+from asp_npu.predict.base import Predictor
 from asp_npu.remote import CALL_S, ActorFailure, get
 from asp_npu.trainer.checkpoint import POINTER, commit_checkpoint, read_meta
+from asp_npu.types import PromptItem
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from asp_npu.pipeline.fleet import Fleet
+    from asp_npu.pipeline.recorder import Recorder
 
 STATE = "pipeline.pkl"
 SCHEMA = "asp-pipeline-state/1"
 PROBE = 256  # prompts whose predictions are kept to check the restored predictor
+
+
+class RunState(Protocol):
+    """What a checkpoint, a stop and a resume read and move: the run's position (trainer steps, the
+    lag ledger's base, the next window, the groups planned and filtered), the fleet's trainer and
+    TrainQueue, the dispatch policy, the predictor, and the recorder (the Controller is one)."""
+
+    cfg: Config
+    run_dir: RunDir
+    fleet: Fleet
+    shape: RunShape
+    policy: DispatchPolicy
+    predictor: Predictor
+    recorder: Recorder
+    supply: GroupSupply
+    window_items: Callable[[int], list[PromptItem]]
+    step: int
+    base: int
+    saved: int
+    next_window: int
+    stop_signal: str | None
+    resumed_pending: int | None
+
+    def prompt_len(self, item: PromptItem) -> int: ...
+
+    def plan_items(self, w: int, items: list[PromptItem]) -> None: ...
 
 
 class Stopped(Exception):
@@ -74,22 +113,22 @@ class PipelineState:
     filtered_ids: tuple[str, ...] = ()  # DAPO dynamic sampling: finished, consumed without training
 
 
-def checkpoint_root(ctrl: Any) -> Path:
+def checkpoint_root(ctrl: RunState) -> Path:
     """`actor_config.save`, else `<run_dir>/checkpoints`."""
     return Path(ctrl.cfg.actor_config.save or ctrl.run_dir.checkpoints)
 
 
-def _probe(ctrl: Any) -> tuple[list[str], list[int], list[float]]:
+def _probe(ctrl: RunState) -> tuple[list[str], list[int], list[float]]:
     items = ctrl.window_items(ctrl.next_window)[:PROBE] if ctrl.next_window < ctrl.shape.iterations else []
     ids = [it.meta["base_id"] for it in items]
-    plens = [ctrl._prompt_len(it) for it in items]
+    plens = [ctrl.prompt_len(it) for it in items]
     if not ids:
         return [], [], []
     est = ctrl.predictor.predict_many(np.array(ids, dtype=str), np.array(plens, dtype=np.int64))
     return ids, plens, [float(x) for x in est.mean]
 
 
-def capture(ctrl: Any) -> PipelineState:
+def capture(ctrl: RunState) -> PipelineState:
     """The pipeline's state between two trainer steps (no handout outstanding)."""
     snap = get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
     done = set(snap["consumed_ids"]) | {str(g.group_id) for g in snap["queued"]} | set(snap["filtered_ids"])
@@ -101,7 +140,7 @@ def capture(ctrl: Any) -> PipelineState:
                          filtered_ids=tuple(snap["filtered_ids"]))
 
 
-def save(ctrl: Any, reason: str) -> Path:
+def save(ctrl: RunState, reason: str) -> Path:
     """Trainer shards, then the pipeline's state, then the pointer; returns the iteration folder."""
     root = checkpoint_root(ctrl)
     it = Path(ctrl.fleet.trainer.save(str(root), False))
@@ -114,10 +153,11 @@ def save(ctrl: Any, reason: str) -> Path:
     return it
 
 
-def stop(ctrl: Any) -> None:
+def stop(ctrl: RunState) -> None:
     """Checkpoint and raise `Stopped` (called between trainer steps once a signal came)."""
-    it = save(ctrl, ctrl.stop_signal)
-    raise Stopped(ctrl.stop_signal, ctrl.step, it, checkpoint_root(ctrl))
+    signame = ctrl.stop_signal or "SIGTERM"
+    it = save(ctrl, signame)
+    raise Stopped(signame, ctrl.step, it, checkpoint_root(ctrl))
 
 
 def load_state(path: str | Path) -> PipelineState | None:
@@ -132,7 +172,7 @@ def load_state(path: str | Path) -> PipelineState | None:
     return state if getattr(state, "schema", None) == SCHEMA else None
 
 
-def restore(ctrl: Any, load: str) -> None:
+def restore(ctrl: RunState, load: str) -> None:
     """Trainer from `load`; with a pipeline state also the queue, the ledger, the data position (the
     pending groups planned again) and the predictor. A trainer-only checkpoint resumes at its
     iteration boundary (preflight checked it is one)."""
@@ -169,13 +209,13 @@ def restore(ctrl: Any, load: str) -> None:
                         pending=len(state.pending), consumed=len(state.consumed_ids))
 
 
-def consumed_ids(ctrl: Any) -> list[str]:
+def consumed_ids(ctrl: RunState) -> list[str]:
     """The run's ledger of consumed group ids (a resumed run's includes those before the resume)."""
     return list(get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
                 ["consumed_ids"])
 
 
-def filtered_ids(ctrl: Any) -> list[str]:
+def filtered_ids(ctrl: RunState) -> list[str]:
     """Group ids DAPO dynamic sampling consumed without training (a resumed run's included)."""
     return list(get(ctrl.fleet.queue.snapshot.remote(), CALL_S, "the TrainQueue actor", "snapshot")
                 ["filtered_ids"])
@@ -193,7 +233,7 @@ def last_checkpoint(root: Path) -> Path | None:
     return root if (root / POINTER).is_file() else None
 
 
-def install_signals(ctrl: Any) -> dict[int, Any]:
+def install_signals(ctrl: RunState) -> dict[int, Any]:
     """SIGTERM/SIGINT: checkpoint at the next step boundary and stop; a second signal stops at once.
     Returns the handlers it replaced (for `restore_signals`); none off the main thread."""
     import threading
