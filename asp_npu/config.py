@@ -32,7 +32,8 @@ class Section:
 
 @dataclass
 class ModelArch(Section):
-    """Architecture numbers for `asp-npu check` memory/TP estimates; 0 = read model.path/config.json."""
+    """The model's dimensions as the config may give them (0 = read model.path/config.json), under the
+    names of `asp_npu.arch.ModelDims`, which `deploy.arch.resolve_arch` fills in from them."""
 
     hidden_size: int = 0
     num_layers: int = 0

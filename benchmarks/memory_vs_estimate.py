@@ -96,12 +96,12 @@ def _rank(rank: int, world: int, port: int, hf: dict[str, Any], dtype: str, dist
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from asp_npu.arch import ModelDims
-        from asp_npu.core.layout import Layout
+        from asp_npu.core.layout import ParallelLayout
         from asp_npu.trainer.model import DTYPES, build_model
         from asp_npu.trainer.parallel import destroy_parallel, init_parallel
 
         dims = ModelDims.from_hf_dict(hf)
-        layout = Layout(1, 1, world)
+        layout = ParallelLayout(1, 1, world)
         init_parallel("gloo", rank, layout, "127.0.0.1", port, seed=1234)
         module = build_model(dims, layout, dtype, {"use_cpu_initialization": True})
         if dtype != "float32":

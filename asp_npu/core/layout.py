@@ -12,7 +12,7 @@ from asp_npu.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """A trainer layout in megatron-core's terms (`parallel_state.initialize_model_parallel`).
 
     Dense layers: TP x CP x DP x PP ranks. MoE layers fold the same ranks differently (megatron's
@@ -84,15 +84,15 @@ def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int 
             problems.append(f"actor_config.{name}: must be >= 1 (got {v})")
     if problems:
         return problems
-    if dims.num_heads % tp:
+    if dims.num_attention_heads % tp:
         problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide the "
-                        f"{dims.num_heads} attention heads")
-    if dims.num_kv_heads % tp:
+                        f"{dims.num_attention_heads} attention heads")
+    if dims.num_key_value_heads % tp:
         problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide the "
-                        f"{dims.num_kv_heads} key/value heads (megatron splits whole query groups)")
-    if dims.num_heads % dims.num_kv_heads:
-        problems.append(f"model: {dims.num_heads} attention heads are not a multiple of "
-                        f"{dims.num_kv_heads} key/value heads")
+                        f"{dims.num_key_value_heads} key/value heads (megatron splits whole query groups)")
+    if dims.num_attention_heads % dims.num_key_value_heads:
+        problems.append(f"model: {dims.num_attention_heads} attention heads are not a multiple of "
+                        f"{dims.num_key_value_heads} key/value heads")
     if dims.intermediate_size % tp:
         problems.append(f"actor_config.tensor_model_parallel_size={tp} does not divide "
                         f"intermediate_size={dims.intermediate_size}")
@@ -105,7 +105,7 @@ def layout_problems(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int 
         problems.append(f"actor_config.pipeline_model_parallel_size={pp} does not divide the "
                         f"{dims.num_layers} layers (set actor_config.num_layer_list for uneven stages)")
     problems += expert_problems(dims.num_experts, ep, tp * cp * dp, etp if etp is not None else tp,
-                                dims.moe_intermediate_size)
+                                dims.moe_ffn_hidden_size)
     if world_size is not None and world_size != tp * pp * cp * dp:
         problems.append(f"world size {world_size} != tensor x pipeline x context x data parallel sizes = "
                         f"{tp}x{pp}x{cp}x{dp}={tp * pp * cp * dp}")
@@ -135,16 +135,16 @@ def expert_problems(num_experts: int, ep: int, tp_cp_dp: int, etp: int = 1, moe_
 
 def check_layout(dims: ModelDims, tp: int, pp: int, dp: int, world_size: int | None = None,
                  ep: int = 1, etp: int | None = None, cp: int = 1,
-                 stages: tuple[int, ...] = ()) -> Layout:
+                 stages: tuple[int, ...] = ()) -> ParallelLayout:
     """Raise one ConfigError naming every problem, before any process group starts."""
     problems = layout_problems(dims, tp, pp, dp, world_size, ep, etp, cp, stages)
     if problems:
         raise ConfigError("; ".join(problems))
-    return Layout(tp, pp, dp, ep, etp, cp, tuple(stages))
+    return ParallelLayout(tp, pp, dp, ep, etp, cp, tuple(stages))
 
 
-def actor_layout(dims: ModelDims, act: Any, world_size: int | None = None) -> Layout:
-    """The validated Layout of an `actor_config` (every parallel size and the pipeline stages)."""
+def actor_layout(dims: ModelDims, act: Any, world_size: int | None = None) -> ParallelLayout:
+    """The validated ParallelLayout of an `actor_config` (every parallel size and the pipeline stages)."""
     return check_layout(dims, act.tensor_model_parallel_size, act.pipeline_model_parallel_size,
                         act.data_parallel_size, world_size, act.expert_model_parallel_size,
                         expert_tp_of(act), act.context_parallel_size, tuple(act.num_layer_list))

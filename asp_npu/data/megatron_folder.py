@@ -118,9 +118,10 @@ def dims_problems(folder: MegatronFolder, dims: ModelDims, what: str = "model.lo
     if folder.layout != "legacy":
         return []
     out = []
-    if dims.num_heads % folder.tp or dims.num_kv_heads % folder.tp:
+    if dims.num_attention_heads % folder.tp or dims.num_key_value_heads % folder.tp:
         out.append(f"{what}: {folder.path} is split over TP={folder.tp}, which does not divide the "
-                   f"{dims.num_heads} attention heads / {dims.num_kv_heads} query groups of model.path")
+                   f"{dims.num_attention_heads} attention heads / {dims.num_key_value_heads} query groups "
+                   "of model.path")
     if folder.pp > dims.num_layers:
         out.append(f"{what}: {folder.path} has {folder.pp} pipeline stages for {dims.num_layers} layers")
     if folder.ep > 1 and (not dims.num_experts or dims.num_experts % folder.ep):

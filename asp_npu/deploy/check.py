@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from asp_npu.config import Config, validate, with_changes
-from asp_npu.deploy.layout import Layout, card_for, plan_layout
+from asp_npu.deploy.layout import Deployment, card_for, plan_layout
 from asp_npu.deploy.memory import instance_npus
 from asp_npu.device import host_only
 from asp_npu.errors import UserError
@@ -30,7 +30,7 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(out)
 
 
-def format_layout(cfg: Config, lay: Layout) -> str:
+def format_layout(cfg: Config, lay: Deployment) -> str:
     lines = _summary_lines(cfg, lay)
     lines.append("")
     lines += _placement_lines(cfg, lay)
@@ -62,7 +62,7 @@ def _trainer_shape(cfg: Config) -> str:
     )
 
 
-def _summary_lines(cfg: Config, lay: Layout) -> list[str]:
+def _summary_lines(cfg: Config, lay: Deployment) -> list[str]:
     """Cluster, model and mode lines: what the check was run against, before any table."""
     lines = [
         f"cluster: {lay.nodes} node(s) x {lay.npus_per_node} NPUs = {lay.total_npus} ({lay.card.description})"
@@ -81,7 +81,7 @@ def _summary_lines(cfg: Config, lay: Layout) -> list[str]:
     return lines
 
 
-def _placement_lines(cfg: Config, lay: Layout) -> list[str]:
+def _placement_lines(cfg: Config, lay: Deployment) -> list[str]:
     """One row per rollout instance, trainer TP group and idle node, so users see where each NPU goes."""
     tp = cfg.generate_config.infer_tensor_parallel_size
     rows = [("node", "NPUs", "role", "placement")]
@@ -128,7 +128,7 @@ _MEMORY_ORDER = (
 )
 
 
-def _memory_lines(lay: Layout) -> list[str]:
+def _memory_lines(lay: Deployment) -> list[str]:
     """The per-NPU memory table (only the parts some role has) and each role's notes."""
     keys = [k for k in _MEMORY_ORDER if any(k in m.parts for m in lay.memory)]
     head = ["memory per NPU (GiB)"] + keys + ["total", "budget"]
@@ -144,7 +144,7 @@ def _memory_lines(lay: Layout) -> list[str]:
     return lines + [f"  {m.role}: {n}" for m in lay.memory for n in m.notes]
 
 
-def sim_estimate(cfg: Config, lay: Layout) -> tuple[list[dict] | None, str]:
+def sim_estimate(cfg: Config, lay: Deployment) -> tuple[list[dict] | None, str]:
     """The simulator's iteration time / throughput for ASP and mindspeed-sync on this layout."""
     from asp_npu.deploy.estimate import estimate
 
@@ -154,8 +154,8 @@ def sim_estimate(cfg: Config, lay: Layout) -> tuple[list[dict] | None, str]:
         return None, f"simulator failed on this layout ({type(exc).__name__}: {str(exc).splitlines()[0]})"
 
 
-def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Layout:
-    """Every problem of `cfg` on this cluster in `Layout.problems` (config validation included)."""
+def check(cfg: Config, nodes: int, npus_per_node: int, card_name: str) -> Deployment:
+    """Every problem of `cfg` on this cluster in `Deployment.problems` (config validation included)."""
     try:
         card = card_for(card_name)
     except KeyError as exc:

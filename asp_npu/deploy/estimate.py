@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from asp_npu.config import Config
-from asp_npu.deploy.layout import Layout
+from asp_npu.deploy.layout import Deployment
 
 HBM_BYTES_PER_S = 1.6e12  # Ascend 910B HBM bandwidth per NPU (an A3 die is taken as the same)
 ITERATIONS = 8
@@ -38,7 +38,7 @@ HOST_OPTIMIZER_S_PER_PARAM = 2.24e-9
 FULL_RECOMPUTE_FACTOR = 1.2  # update 6N + old-logprob 2N + ref 2N, plus a second 2N forward of the update
 
 
-def trainer_layout_costs(cfg: Config, lay: Layout) -> tuple[float, float]:
+def trainer_layout_costs(cfg: Config, lay: Deployment) -> tuple[float, float]:
     """(factor on trainer seconds per token, extra seconds per optimizer step) of the trainer's layout."""
     from asp_npu.deploy.memory import offloaded_params, seq_len, tokens_per_micro_batch
 
@@ -60,7 +60,7 @@ def _paper() -> Any:
     return load_preset("paper")
 
 
-def build_preset(cfg: Config, lay: Layout) -> Any:
+def build_preset(cfg: Config, lay: Deployment) -> Any:
     """A `asp_npu.sim.preset.Preset` for this config on this layout."""
     from asp_npu.sim.preset import Preset
 
@@ -86,7 +86,7 @@ def build_preset(cfg: Config, lay: Layout) -> Any:
     )
 
 
-def _scaled_cost(cfg: Config, lay: Layout, base: Any) -> Any:
+def _scaled_cost(cfg: Config, lay: Deployment, base: Any) -> Any:
     """The paper preset's cost model rescaled to this model, inference TP / EP and trainer layout, so the
     estimate inherits its sourced numbers instead of new guesses."""
     a = lay.arch
@@ -118,7 +118,7 @@ def _scaled_cost(cfg: Config, lay: Layout, base: Any) -> Any:
     )
 
 
-def _cluster(cfg: Config, lay: Layout, rank_devices: int) -> Any:
+def _cluster(cfg: Config, lay: Deployment, rank_devices: int) -> Any:
     """The simulated cluster: colocated NPUs count once, and ASP may pick its own split there."""
     from asp_npu.sim.preset import Cluster
 
@@ -158,7 +158,7 @@ def _workload(cfg: Config, base: Any) -> Any:
     )
 
 
-def _rl_spec(cfg: Config, lay: Layout) -> Any:
+def _rl_spec(cfg: Config, lay: Deployment) -> Any:
     """The RL schedule to simulate; a synchronous colocated config gets ASP's usual lag for comparison."""
     from asp_npu.sim.preset import RLSpec
 
@@ -173,12 +173,12 @@ def _rl_spec(cfg: Config, lay: Layout) -> Any:
     )
 
 
-def estimate(cfg: Config, lay: Layout) -> tuple[list[dict[str, Any]] | None, str]:
+def estimate(cfg: Config, lay: Deployment) -> tuple[list[dict[str, Any]] | None, str]:
     """Rows {mode, layout, iteration_s, throughput_tok_s} for asp and mindspeed-sync, and a note.
 
     Returns (None, reason) when the simulator cannot run this layout."""
     try:
-        from asp_npu.sim.modes import Layout as SimLayout
+        from asp_npu.sim.modes import DeviceSplit
         from asp_npu.sim.preset import validate
         from asp_npu.sim.run import build_workload, simulate, simulate_layout
     except ImportError as exc:
@@ -194,7 +194,7 @@ def estimate(cfg: Config, lay: Layout) -> tuple[list[dict[str, Any]] | None, str
     for mode in ("asp", "mindspeed-sync"):
         if mode == "asp" and not lay.colocated:
             itp = cfg.generate_config.infer_tensor_parallel_size
-            sim_lay = SimLayout(preset.cluster.devices, len(lay.instances), itp, lay.trainer_npus)
+            sim_lay = DeviceSplit(preset.cluster.devices, len(lay.instances), itp, lay.trainer_npus)
             run = simulate_layout(preset, workload, mode, sim_lay)
         else:
             run = simulate(preset, workload, mode)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from asp_npu.arch import ModelDims
 from asp_npu.config import COLOCATED_MODES, Config
 from asp_npu.core.layout import stage_problems
 from asp_npu.core.shape import trainer_world
-from asp_npu.deploy.arch import TRAINER_CANNOT_BUILD, Arch, resolve_arch
+from asp_npu.deploy.arch import TRAINER_CANNOT_BUILD, resolve_arch
 from asp_npu.deploy.memory import (
     GIB,
     RUNTIME_RESERVE_GIB,
@@ -29,9 +30,9 @@ from asp_npu.deploy.memory import (
 __all__ = [
     "COLOCATED_MODES",
     "GIB",
-    "Arch",
+    "ModelDims",
     "Card",
-    "Layout",
+    "Deployment",
     "MemoryEstimate",
     "card_for",
     "instance_memory",
@@ -85,7 +86,7 @@ class InstancePlacement:
 
 
 @dataclass
-class TrainerGroup:
+class TrainerPlacement:
     """One trainer tensor-parallel group (Megatron rank order tp, dp, pp), inside one node."""
 
     node: int
@@ -96,7 +97,7 @@ class TrainerGroup:
 
 
 @dataclass
-class Layout:
+class Deployment:
     nodes: int
     npus_per_node: int
     card: Card
@@ -105,9 +106,9 @@ class Layout:
     rollout_npus: int
     trainer_npus: int
     instances: list[InstancePlacement] = field(default_factory=list)
-    trainer: list[TrainerGroup] = field(default_factory=list)
+    trainer: list[TrainerPlacement] = field(default_factory=list)
     idle: list[tuple[int, int]] = field(default_factory=list)  # (node, npu) used by nobody
-    arch: Arch | None = None
+    arch: ModelDims | None = None
     arch_source: str = ""
     memory: list[MemoryEstimate] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -156,7 +157,7 @@ class _Allocator:
         return [(n, d) for n, free in enumerate(self.free) for d in free]
 
 
-def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
+def _place(cfg: Config, lay: Deployment, colocated: bool) -> None:
     act = cfg.actor_config
     k, tp, pp, dp = (
         instance_npus(cfg),
@@ -186,7 +187,8 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
                 f"the trainer needs TP{tp} x PP{pp} x CP x DP = {tp * pp * dp} NPUs"
             )
             break
-        lay.trainer.append(TrainerGroup(got[0], got[1], list(range(g * tp, (g + 1) * tp)), g // dp, g % dp))
+        devices = list(range(g * tp, (g + 1) * tp))
+        lay.trainer.append(TrainerPlacement(got[0], got[1], devices, g // dp, g % dp))
     left = alloc.leftover()
     lay.idle = sorted(set(left) & set(rollout_left)) if colocated else left
 
@@ -194,14 +196,14 @@ def _place(cfg: Config, lay: Layout, colocated: bool) -> None:
 # ---------------------------------------------------------------- the whole check
 
 
-def _divisibility(cfg: Config, arch: Arch, lay: Layout) -> None:
+def _divisibility(cfg: Config, arch: ModelDims, lay: Deployment) -> None:
     lay.problems += _trainer_divisibility(cfg, arch)
     lay.problems += _rollout_divisibility(cfg, arch, lay.npus_per_node)
     lay.problems += _tp_in_node(cfg, lay.npus_per_node)
     lay.problems += _length_problems(cfg, arch)
 
 
-def _trainer_divisibility(cfg: Config, arch: Arch) -> list[str]:
+def _trainer_divisibility(cfg: Config, arch: ModelDims) -> list[str]:
     """Megatron-core splits heads over TP and layers over PP stages; an uneven split fails at model build."""
     act = cfg.actor_config
     tp, pp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size
@@ -226,7 +228,7 @@ def _trainer_divisibility(cfg: Config, arch: Arch) -> list[str]:
     return p
 
 
-def _rollout_divisibility(cfg: Config, arch: Arch, npus_per_node: int) -> list[str]:
+def _rollout_divisibility(cfg: Config, arch: ModelDims, npus_per_node: int) -> list[str]:
     """vLLM's expert and tensor parallel sizes against the model's experts and heads, found before launch."""
     gen = cfg.generate_config
     itp, iep = gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size
@@ -272,7 +274,7 @@ def _tp_in_node(cfg: Config, npus_per_node: int) -> list[str]:
     return p
 
 
-def _length_problems(cfg: Config, arch: Arch) -> list[str]:
+def _length_problems(cfg: Config, arch: ModelDims) -> list[str]:
     """Prompt + response must fit vLLM's max_model_len and the model's positions, else requests fail."""
     gen = cfg.generate_config
     p: list[str] = []
@@ -290,7 +292,7 @@ def _length_problems(cfg: Config, arch: Arch) -> list[str]:
     return p
 
 
-def _batches(cfg: Config, lay: Layout) -> None:
+def _batches(cfg: Config, lay: Deployment) -> None:
     act, rl, gen = cfg.actor_config, cfg.rl_config, cfg.generate_config
     p = lay.problems
     step = act.data_parallel_size * act.micro_batch_size
@@ -325,7 +327,7 @@ def _batches(cfg: Config, lay: Layout) -> None:
         )
 
 
-def _memory(cfg: Config, arch: Arch, lay: Layout) -> None:
+def _memory(cfg: Config, arch: ModelDims, lay: Deployment) -> None:
     gen = cfg.generate_config
     if not 0 < gen.gpu_memory_utilization <= 1:
         lay.problems.append(
@@ -393,7 +395,7 @@ def host_budget_gib(cfg: Config, card: Card) -> tuple[float, float]:
     return total, total - ray - HOST_OS_RESERVE_GIB
 
 
-def _host_memory(cfg: Config, lay: Layout, trainer: list[MemoryEstimate], inst: MemoryEstimate) -> None:
+def _host_memory(cfg: Config, lay: Deployment, trainer: list[MemoryEstimate], inst: MemoryEstimate) -> None:
     """Host bytes of the fullest node: every trainer rank's offloaded optimizer state and pinned gradients
     (the largest stage's, an upper bound), and in a colocated mode what offload_train_* move there while
     the engines generate, or the sleeping engine's weights while the trainer runs (the larger)."""
@@ -419,7 +421,7 @@ def _host_memory(cfg: Config, lay: Layout, trainer: list[MemoryEstimate], inst: 
         )
 
 
-def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None) -> Layout:
+def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None) -> Deployment:
     """Only the placement: which node and devices each rollout instance and trainer TP group gets
     (`problems` says what does not fit). `plan_layout` adds the model and memory checks; the fleet
     binds its Ray placement groups to this (`ray_groups`)."""
@@ -432,7 +434,7 @@ def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None)
         instances = max(instances, nodes * npus_per_node // per_instance)
     rollout = instances * per_instance
     trainer = trainer_world(cfg)
-    lay = Layout(nodes, npus_per_node, card, cfg.rl_config.mode, colocated, rollout, trainer)
+    lay = Deployment(nodes, npus_per_node, card, cfg.rl_config.mode, colocated, rollout, trainer)
     if npus_per_node > card.npus_per_node:
         lay.problems.append(
             f"cluster: {npus_per_node} NPUs per node, but a {card.name} node has {card.npus_per_node}"
@@ -456,7 +458,7 @@ def place(cfg: Config, nodes: int, npus_per_node: int, card: Card | None = None)
     return lay
 
 
-def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Layout:
+def plan_layout(cfg: Config, nodes: int, npus_per_node: int, card: Card) -> Deployment:
     """Place instances and trainer ranks on `nodes` x `npus_per_node` NPUs and list every problem."""
     lay = place(cfg, nodes, npus_per_node, card)
     arch, problems, source = resolve_arch(cfg)
@@ -492,7 +494,7 @@ class BundleGroup:
     strategy: str = "STRICT_PACK"
 
 
-def ray_groups(lay: Layout, resource: str | None) -> tuple[list[BundleGroup], list[BundleGroup]]:
+def ray_groups(lay: Deployment, resource: str | None) -> tuple[list[BundleGroup], list[BundleGroup]]:
     """The placement groups of `lay`: one per rollout instance, one per trainer TP group (rank order).
     `resource`: the Ray resource of a device ("NPU", "GPU"); None on CPU, where a device is a core."""
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from asp_npu.arch import ModelDims
 from asp_npu.config import Config
-from asp_npu.deploy.arch import Arch
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 3.0  # CANN/HCCL workspaces and buffers (HCCL_BUFFSIZE per comm group), allocator slack
@@ -108,7 +108,7 @@ def expert_tp(cfg: Config) -> int:
     return act.expert_tensor_parallel_size or act.tensor_model_parallel_size
 
 
-def stage_sizes(cfg: Config, arch: Arch) -> list[int]:
+def stage_sizes(cfg: Config, arch: ModelDims) -> list[int]:
     """Decoder layers of each pipeline stage: `num_layer_list`, else num_layers / PP (rounded up)."""
     act = cfg.actor_config
     pp = act.pipeline_model_parallel_size
@@ -117,7 +117,7 @@ def stage_sizes(cfg: Config, arch: Arch) -> list[int]:
     return [math.ceil(arch.num_layers / pp)] * pp
 
 
-def stage_params(cfg: Config, arch: Arch, stage: int) -> StageParams:
+def stage_params(cfg: Config, arch: ModelDims, stage: int) -> StageParams:
     """The exact layers of `stage` (leading dense layers of a MoE model, e.g. DeepSeek's first 3, count
     where they are), its embedding/output layer, over TP (dense) and EP x expert-TP (routed experts)."""
     act = cfg.actor_config
@@ -145,7 +145,7 @@ def stage_params(cfg: Config, arch: Arch, stage: int) -> StageParams:
     return StageParams(dense / tp, experts / (ep * expert_tp(cfg)), layers, moe_layers)
 
 
-def layer_activation_bytes(cfg: Config, arch: Arch, tokens: int, moe: bool) -> float:
+def layer_activation_bytes(cfg: Config, arch: ModelDims, tokens: int, moe: bool) -> float:
     """Bytes one layer keeps for backward, per micro-batch of `tokens` tokens on one TP rank."""
     act = cfg.actor_config
     tp = act.tensor_model_parallel_size
@@ -167,7 +167,8 @@ def layer_activation_bytes(cfg: Config, arch: Arch, tokens: int, moe: bool) -> f
     return tokens * (replicated + split / tp)
 
 
-def stage_activation_bytes(cfg: Config, arch: Arch, sp: StageParams, in_flight: int) -> tuple[float, str]:
+def stage_activation_bytes(cfg: Config, arch: ModelDims, sp: StageParams,
+                           in_flight: int) -> tuple[float, str]:
     """Activations a stage holds at the 1F1B peak, and how they were counted."""
     act = cfg.actor_config
     tp = act.tensor_model_parallel_size
@@ -189,7 +190,7 @@ def stage_activation_bytes(cfg: Config, arch: Arch, sp: StageParams, in_flight: 
     return in_flight * chunks * ckpt + n * per_layer, f"full recompute, uniform chunks of {n} layers"
 
 
-def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
+def trainer_memory(cfg: Config, arch: ModelDims, card: Card) -> list[MemoryEstimate]:
     """Per-NPU memory of the first and last pipeline stage, and of the largest middle stage (uneven
     stages), in GiB."""
     act = cfg.actor_config
@@ -201,7 +202,7 @@ def trainer_memory(cfg: Config, arch: Arch, card: Card) -> list[MemoryEstimate]:
     return [ests[0], middle, ests[-1]]
 
 
-def stage_memory(cfg: Config, arch: Arch, card: Card, stage: int) -> MemoryEstimate:
+def stage_memory(cfg: Config, arch: ModelDims, card: Card, stage: int) -> MemoryEstimate:
     """One pipeline stage's rank. Context parallelism splits each micro-batch's tokens over CP ranks
     (activations, logits / CP) and the distributed optimizer shards over DP x CP, as megatron's does;
     routed experts' state shards over the expert data-parallel group TP x CP x DP / (EP x expert-TP)."""
@@ -260,7 +261,7 @@ def offload_fraction(cfg: Config) -> float:
     return min(1.0, max(0.0, act.optimizer_offload_fraction)) if act.optimizer_cpu_offload else 0.0
 
 
-def offloaded_params(cfg: Config, arch: Arch) -> float:
+def offloaded_params(cfg: Config, arch: ModelDims) -> float:
     """Parameters one trainer rank updates on the host per optimizer step (the largest stage's shard)."""
     act = cfg.actor_config
     off = offload_fraction(cfg)
@@ -289,7 +290,8 @@ def instance_npus(cfg: Config) -> int:
     return max(gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size)
 
 
-def instance_memory(cfg: Config, arch: Arch, card: Card, resident_gib: float | None = None) -> MemoryEstimate:
+def instance_memory(cfg: Config, arch: ModelDims, card: Card,
+                    resident_gib: float | None = None) -> MemoryEstimate:
     """Per-NPU memory of one vLLM instance: dense weights / TP and routed experts / EP (/ TP without EP),
     the profile-run workspace (a full max_num_batched_tokens forward plus fp32 sampler logits for
     max_num_seqs), and whatever is left of gpu_memory_utilization * card becomes KV cache.

@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from asp_npu.arch import ModelDims
 from asp_npu.config import COLOCATED_MODES, Config, validate
-from asp_npu.deploy.arch import Arch, resolve_arch
+from asp_npu.deploy.arch import resolve_arch
 from asp_npu.deploy.estimate import ASP_LAG_FOR_SYNC_CONFIGS
-from asp_npu.deploy.layout import Card, Layout, plan_layout
+from asp_npu.deploy.layout import Card, Deployment, plan_layout
 from asp_npu.deploy.memory import seq_len
 from asp_npu.errors import UserError
 
@@ -72,7 +73,7 @@ class Candidate:
 class Scored:
     cand: Candidate
     cfg: Config
-    lay: Layout
+    lay: Deployment
     iteration_s: float = math.inf
     throughput_tok_s: float = 0.0
     predicted_s: float = math.inf  # max(rollout, training) per iteration, from mean lengths
@@ -97,19 +98,19 @@ def balanced_stages(layers: int, pp: int) -> list[int]:
     return [layers // pp + (1 if s < layers % pp else 0) for s in range(pp)]
 
 
-def _tp_options(arch: Arch, per_node: int) -> list[int]:
+def _tp_options(arch: ModelDims, per_node: int) -> list[int]:
     return [t for t in _divisors(per_node)
             if arch.num_attention_heads % t == 0 and arch.num_key_value_heads % t == 0]
 
 
-def _infer_tp_options(base: Config, arch: Arch, per_node: int) -> list[int]:
+def _infer_tp_options(base: Config, arch: ModelDims, per_node: int) -> list[int]:
     if base.generate_config.infer_expert_parallel_size > 1:  # an expert-parallel group: kept as given
         return [base.generate_config.infer_tensor_parallel_size]
     return [t for t in _divisors(per_node) if arch.num_attention_heads % t == 0
             and (arch.num_key_value_heads % t == 0 or t % arch.num_key_value_heads == 0)]
 
 
-def candidates(base: Config, arch: Arch, nodes: int, per_node: int) -> Iterator[Candidate]:
+def candidates(base: Config, arch: ModelDims, nodes: int, per_node: int) -> Iterator[Candidate]:
     """Every asynchronous layout of `nodes` x `per_node` NPUs, trainer variants cheapest first."""
     total = nodes * per_node
     cps = [1, 2, 4] if not arch.moe and seq_len(base) >= CP_FROM_TOKENS else [1]
@@ -168,8 +169,8 @@ def _batches_fit(base: Config, cand: Candidate) -> bool:
             and (lag + 1) * rl.mini_batch_size >= cand.instances * rl.n_samples_per_prompt)
 
 
-def _fit(base: Config, cand: Candidate, arch: Arch, nodes: int, per_node: int, card: Card
-         ) -> tuple[tuple[Config, Layout] | None, list[str]]:
+def _fit(base: Config, cand: Candidate, arch: ModelDims, nodes: int, per_node: int, card: Card
+         ) -> tuple[tuple[Config, Deployment] | None, list[str]]:
     """(the candidate's config and layout, or None) and the check's problems."""
     cfg = apply(base, cand)
     if not cfg.actor_config.num_layer_list and arch.num_layers % cand.pp:
@@ -215,8 +216,7 @@ def _simulate(splits: list[list[Scored]], top: int) -> list[Scored]:
     """Per split its variant of least predicted time; rank the splits by the predicted stage balance and
     simulate the best `top` (asp); best simulated first."""
     from asp_npu.deploy.estimate import build_preset
-    from asp_npu.sim.modes import Layout as SimLayout
-    from asp_npu.sim.modes import predicted_stage_seconds
+    from asp_npu.sim.modes import DeviceSplit, predicted_stage_seconds
     from asp_npu.sim.run import build_workload, simulate_layout
 
     first = splits[0][0]
@@ -241,7 +241,7 @@ def _simulate(splits: list[list[Scored]], top: int) -> list[Scored]:
     pool = distinct
     for s in pool[:top]:
         preset = build_preset(s.cfg, s.lay)
-        sim_lay = SimLayout(s.lay.rollout_npus + s.lay.trainer_npus, s.cand.instances,
+        sim_lay = DeviceSplit(s.lay.rollout_npus + s.lay.trainer_npus, s.cand.instances,
                             s.lay.rollout_npus // s.cand.instances, s.lay.trainer_npus)
         m = simulate_layout(preset, workload, "asp", sim_lay).metrics
         s.iteration_s, s.throughput_tok_s = m["iteration_time_mean_s"], m["throughput_tokens_per_s"]
@@ -274,7 +274,7 @@ def colocated_baseline(base: Config, nodes: int, per_node: int, card: Card) -> d
             "problems": list(lay.problems)}
 
 
-def blocker(base: Config, arch: Arch, nodes: int, per_node: int, card: Card) -> str:
+def blocker(base: Config, arch: ModelDims, nodes: int, per_node: int, card: Card) -> str:
     """Why nothing fits: the check's memory problems of the smallest-footprint layout (the largest trainer
     TP x PP with one rollout instance, full recompute, the whole optimizer state on the host)."""
     total = nodes * per_node

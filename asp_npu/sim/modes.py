@@ -44,12 +44,12 @@ from asp_npu.sim.workload import Workload
 # oldest tokens' lag there stays within 4 x.
 SPECS: dict[str, Mode] = TABLE  # the one mode table (asp_npu.core.modes); kept under the simulator's old name
 __all__ = [
-    "BASELINES", "MODES", "SPECS", "Layout", "layout_for", "partial_allowed", "run_spec", "split_devices"
+    "BASELINES", "MODES", "SPECS", "DeviceSplit", "layout_for", "partial_allowed", "run_spec", "split_devices"
 ]
 
 
 @dataclass(frozen=True)
-class Layout:
+class DeviceSplit:
     devices: int
     instances: int
     instance_devices: int
@@ -77,7 +77,7 @@ def predicted_stage_seconds(
     return rollout, train
 
 
-def candidate_splits(preset: Preset, devices: int | None = None) -> list[Layout]:
+def candidate_splits(preset: Preset, devices: int | None = None) -> list[DeviceSplit]:
     """Every split with at least `min_trainer_devices` trainer devices in whole trainer ranks (TP x PP)."""
     cl = preset.cluster
     devices = devices or cl.devices
@@ -86,18 +86,18 @@ def candidate_splits(preset: Preset, devices: int | None = None) -> list[Layout]
     for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1):
         t_dev = devices - k * cl.infer_tp
         if t_dev % dp == 0 or t_dev < dp:
-            out.append(Layout(devices, k, cl.infer_tp, t_dev))
+            out.append(DeviceSplit(devices, k, cl.infer_tp, t_dev))
     if not out:  # no split fits whole ranks: allow partial ranks rather than fail
         out = [
-            Layout(devices, k, cl.infer_tp, devices - k * cl.infer_tp)
+            DeviceSplit(devices, k, cl.infer_tp, devices - k * cl.infer_tp)
             for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1)
         ]
     return out
 
 
-def split_devices(preset: Preset, workload: Workload, devices: int | None = None) -> Layout:
+def split_devices(preset: Preset, workload: Workload, devices: int | None = None) -> DeviceSplit:
     """The one split rule of every disaggregated mode: minimise max(rollout, training) predicted time."""
-    best: tuple[float, Layout] | None = None
+    best: tuple[float, DeviceSplit] | None = None
     for lay in candidate_splits(preset, devices):
         r, tr = predicted_stage_seconds(preset, workload, lay.instances, lay.trainer_devices)
         score = max(r, tr)
@@ -107,13 +107,13 @@ def split_devices(preset: Preset, workload: Workload, devices: int | None = None
     return best[1]
 
 
-def colocated_layout(preset: Preset, devices: int | None = None) -> Layout:
+def colocated_layout(preset: Preset, devices: int | None = None) -> DeviceSplit:
     devices = devices or preset.cluster.devices
-    return Layout(devices, max(1, devices // preset.cluster.infer_tp), preset.cluster.infer_tp, devices)
+    return DeviceSplit(devices, max(1, devices // preset.cluster.infer_tp), preset.cluster.infer_tp, devices)
 
 
-def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | None = None) -> Layout:
-    """Layout of `mode`; with `instances` (scaling sweep) disaggregated modes get exactly that many
+def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | None = None) -> DeviceSplit:
+    """The device split of `mode`; with `instances` (scaling sweep) disaggregated modes get exactly that many
     instances plus the fixed sweep trainer, and colocated modes get the same number of devices."""
     cl = preset.cluster
     if instances is None:
@@ -121,7 +121,7 @@ def layout_for(mode: str, preset: Preset, workload: Workload, instances: int | N
     devices = instances * cl.infer_tp + cl.sweep_trainer_devices
     if SPECS[mode].colocated_in_sim:
         return colocated_layout(preset, devices)
-    return Layout(devices, instances, cl.infer_tp, cl.sweep_trainer_devices)
+    return DeviceSplit(devices, instances, cl.infer_tp, cl.sweep_trainer_devices)
 
 
 def partial_allowed(mode: str) -> bool:
@@ -129,7 +129,7 @@ def partial_allowed(mode: str) -> bool:
     return SPECS[mode].allows_partial(simulated=True)
 
 
-def run_spec(mode: str, preset: Preset, workload: Workload, layout: Layout) -> RunSpec:
+def run_spec(mode: str, preset: Preset, workload: Workload, layout: DeviceSplit) -> RunSpec:
     """The simulator's run of `mode` (its row in the one mode table, under the preset's executor)."""
     ms = sim_mode(mode, preset.rl.executor)
     per_iter = workload.prompts_per_iteration

@@ -10,7 +10,7 @@ A run directory holds what the simulator needs to redo the same work:
 
 This module turns them into a `Workload` with the same groups per iteration and the same lengths
 (no reshuffle -- unlike `workload.from_trace`, which cuts a trace with its own data-loader shuffle),
-the run's `RunSettings`, the simulator `Layout` of the run's devices, a `Preset` with those settings,
+the run's `RunSettings`, the simulator `DeviceSplit` of the run's devices, a `Preset` with those settings,
 and the costs a calibration file does not hold but the run itself measured (trainer device-seconds
 per token from `timing/update`; colocated switch seconds from `events.json`).
 `benchmarks/sim_vs_real.py` compares the simulated iteration time with the measured one.
@@ -33,7 +33,7 @@ from asp_npu.core.records import GroupKey
 from asp_npu.core.shape import RunShape, shape_problems
 from asp_npu.errors import UserError
 from asp_npu.sim.modes import SPECS as SIM_SPECS
-from asp_npu.sim.modes import Layout
+from asp_npu.sim.modes import DeviceSplit
 from asp_npu.sim.preset import Preset, load_preset
 from asp_npu.sim.workload import Workload
 
@@ -252,7 +252,7 @@ def build_workload(
     )
 
 
-def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
+def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> DeviceSplit:
     """The simulator layout of the run's devices (on CPU, a device is a core).
 
     Instances: `num_instances` x `infer_tp`; a colocated mode generates on every device
@@ -265,11 +265,11 @@ def layout_for_run(s: RunSettings, sim_mode: str, cores: int) -> Layout:
         raise UserError(f"unknown simulator mode '{sim_mode}'")
     if SIM_SPECS[sim_mode].colocated_in_sim:
         instances = instances_on(s.instances, s.infer_tp, True, s.devices_per_node or cores)
-        return Layout(instances * s.infer_tp, instances, s.infer_tp, instances * s.infer_tp)
+        return DeviceSplit(instances * s.infer_tp, instances, s.infer_tp, instances * s.infer_tp)
     rollout = s.instances * s.infer_tp
     per_rank = s.trainer_threads or max(1, (cores - rollout) // max(1, s.trainer_world))
     trainer = s.trainer_world * per_rank
-    return Layout(rollout + trainer, s.instances, s.infer_tp, trainer)
+    return DeviceSplit(rollout + trainer, s.instances, s.infer_tp, trainer)
 
 
 def trainer_cost_from_run(
@@ -329,7 +329,7 @@ def switch_costs_from_events(events: Mapping[str, Any]) -> tuple[float, float, i
 
 def preset_for_run(
     s: RunSettings,
-    layout: Layout,
+    layout: DeviceSplit,
     calib: str | None,
     cost: Mapping[str, float] | None = None,
     base: str = "cpu",

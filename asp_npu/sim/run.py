@@ -20,7 +20,7 @@ from asp_npu.sim.limit import limit
 from asp_npu.sim.modes import (
     MODES,
     SPECS,
-    Layout,
+    DeviceSplit,
     candidate_splits,
     layout_for,
     pull_source,
@@ -56,7 +56,7 @@ def build_workload(preset: Preset) -> Workload:
 @dataclass
 class ModeRun:
     mode: str
-    layout: Layout
+    layout: DeviceSplit
     result: RunResult
     metrics: dict[str, Any]
     sim_seconds: float
@@ -89,7 +89,7 @@ def simulate(preset: Preset, workload: Workload, mode: str, instances: int | Non
     return simulate_layout(preset, workload, mode, layout_for(mode, preset, workload, instances))
 
 
-def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layout) -> ModeRun:
+def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: DeviceSplit) -> ModeRun:
     """Simulate one mode on a given device layout."""
     t0 = time.perf_counter()
     spec = run_spec(mode, preset, workload, layout)
@@ -113,7 +113,7 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Layou
     return ModeRun(mode, layout, res, out, elapsed)
 
 
-def work_source(preset: Preset, workload: Workload, mode: str, spec: RunSpec, layout: Layout
+def work_source(preset: Preset, workload: Workload, mode: str, spec: RunSpec, layout: DeviceSplit
                 ) -> tuple[UnitSource, Callable[[int], None] | None, int | None]:
     """(units_for, on_group_done, windows) of the mode: a dealt batch, single groups pulled in data
     order, or the window planner (ASP's plan, or FIFO units of the same size under unit execution)."""

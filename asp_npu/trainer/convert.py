@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from asp_npu.arch import ModelDims
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 from asp_npu.errors import ConfigError
 from asp_npu.trainer.model import padded_vocab_size
 
@@ -58,17 +58,17 @@ def _tp_chunk(t: torch.Tensor, tp: int, rank: int, dim: int = 0) -> torch.Tensor
 
 def _qkv_full(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
     """HF q/k/v -> megatron's per-query-group interleaving [groups, (q_per_group + 2) * head_dim, ...]."""
-    g, hd = dims.num_kv_heads, dims.head_dim
+    g, hd = dims.num_key_value_heads, dims.head_dim
     rest = q.shape[1:]
-    qg = q.reshape(g, (dims.num_heads // g) * hd, *rest)
+    qg = q.reshape(g, (dims.num_attention_heads // g) * hd, *rest)
     return torch.cat([qg, k.reshape(g, hd, *rest), v.reshape(g, hd, *rest)], dim=1)
 
 
 def _qkv_split(qkv: torch.Tensor, dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g, hd = dims.num_kv_heads, dims.head_dim
+    g, hd = dims.num_key_value_heads, dims.head_dim
     rest = qkv.shape[1:]
     grouped = qkv.reshape(g, -1, *rest)
-    qn = (dims.num_heads // g) * hd
+    qn = (dims.num_attention_heads // g) * hd
     q, k, v = grouped[:, :qn], grouped[:, qn:qn + hd], grouped[:, qn + hd:]
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
@@ -96,7 +96,7 @@ def hf_layer_to_megatron(hf: Mapping[str, torch.Tensor], layer: int, local: int,
                          etp_rank: int | None = None) -> dict[str, torch.Tensor]:
     """One transformer layer: HF tensors (global index `layer`) -> megatron local names (`local`)."""
     h, m = f"model.layers.{layer}.", f"decoder.layers.{local}."
-    g_local = dims.num_kv_heads // tp
+    g_local = dims.num_key_value_heads // tp
     sl = slice(tp_rank * g_local, (tp_rank + 1) * g_local)
     attn = h + "self_attn."
     qkv_w = _qkv_full(hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"],
@@ -126,7 +126,7 @@ def hf_layer_to_megatron(hf: Mapping[str, torch.Tensor], layer: int, local: int,
     return out
 
 
-def stage_layers(dims: ModelDims, layout: Layout, pp_rank: int) -> range:
+def stage_layers(dims: ModelDims, layout: ParallelLayout, pp_rank: int) -> range:
     """Global layer indices held by pipeline stage `pp_rank` (even, or `layout.stages`)."""
     return layout.stage_layers(dims.num_layers, pp_rank)
 
@@ -139,7 +139,7 @@ def megatron_layers(model: torch.nn.Module) -> range:
     return range(first, first + len(layers))
 
 
-def hf_to_megatron(hf: Mapping[str, torch.Tensor], dims: ModelDims, layout: Layout, tp_rank: int,
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], dims: ModelDims, layout: ParallelLayout, tp_rank: int,
                    pp_rank: int, ep_rank: int = 0, etp_rank: int | None = None,
                    layers: range | None = None) -> dict[str, torch.Tensor]:
     """The megatron state-dict entries of rank (tp_rank, pp_rank, ep_rank) from full HF tensors.
@@ -165,7 +165,7 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], dims: ModelDims, layout: Layo
 
 
 def load_hf_into_model(model: torch.nn.Module, hf: Mapping[str, torch.Tensor], dims: ModelDims,
-                       layout: Layout) -> None:
+                       layout: ParallelLayout) -> None:
     """Copy full HF tensors into this rank's shard; every parameter must be covered."""
     from megatron.core import parallel_state as ps
 

@@ -57,7 +57,7 @@ def _check_shapes(full: Mapping[str, torch.Tensor], dims: ModelDims, where: Path
     if len(layers) != dims.num_layers:
         raise UserError(f"{what}: {where} has {len(layers)} decoder layers; model.path has {dims.num_layers}")
     qkv = full.get("decoder.layers.0.self_attention.linear_qkv.weight")
-    rows = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    rows = (dims.num_attention_heads + 2 * dims.num_key_value_heads) * dims.head_dim
     if qkv is None or tuple(qkv.shape) != (rows, dims.hidden_size):
         got = None if qkv is None else tuple(qkv.shape)
         raise UserError(f"{what}: {where}: linear_qkv is {got}, model.path's heads need ({rows}, "

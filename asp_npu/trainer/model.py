@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from asp_npu.arch import ModelDims
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,7 +27,7 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // tp) * tp
 
 
-def moe_fields(dims: ModelDims, layout: Layout) -> dict[str, Any]:
+def moe_fields(dims: ModelDims, layout: ParallelLayout) -> dict[str, Any]:
     """TransformerConfig fields of the MoE layers (empty for dense models).
 
     Routing matches HF Qwen3-MoE: softmax over the top-k logits equals softmax-then-top-k-then-
@@ -39,8 +39,8 @@ def moe_fields(dims: ModelDims, layout: Layout) -> dict[str, Any]:
         return {}
     return dict(
         num_moe_experts=dims.num_experts,
-        moe_router_topk=dims.moe_topk,
-        moe_ffn_hidden_size=dims.moe_intermediate_size,
+        moe_router_topk=dims.moe_router_topk,
+        moe_ffn_hidden_size=dims.moe_ffn_hidden_size,
         moe_router_pre_softmax=not dims.norm_topk_prob,
         moe_router_score_function="softmax",
         moe_grouped_gemm=False,
@@ -52,7 +52,7 @@ def moe_fields(dims: ModelDims, layout: Layout) -> dict[str, Any]:
     )
 
 
-def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
+def transformer_config(dims: ModelDims, layout: ParallelLayout, dtype: str = "float32",
                        overrides: dict[str, Any] | None = None) -> Any:
     """The megatron TransformerConfig equivalent to the HF config (dropout off: RL wants exact logprobs).
 
@@ -66,8 +66,8 @@ def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
         ffn_hidden_size=dims.intermediate_size,
-        num_attention_heads=dims.num_heads,
-        num_query_groups=dims.num_kv_heads,
+        num_attention_heads=dims.num_attention_heads,
+        num_query_groups=dims.num_key_value_heads,
         kv_channels=dims.head_dim,
         layernorm_epsilon=dims.rms_norm_eps,
         normalization="RMSNorm",
@@ -100,7 +100,7 @@ def transformer_config(dims: ModelDims, layout: Layout, dtype: str = "float32",
     )
 
 
-def build_model(dims: ModelDims, layout: Layout, dtype: str = "float32",
+def build_model(dims: ModelDims, layout: ParallelLayout, dtype: str = "float32",
                 overrides: dict[str, Any] | None = None, cp_gather_attention: bool = True,
                 packed_split_attention: bool = False) -> Any:
     """This rank's pipeline stage of the GPTModel (parallel state must be initialised).

@@ -1,4 +1,4 @@
-"""The trainer's process groups for a validated `core.layout.Layout`: what each rank runs.
+"""The trainer's process groups for a validated `core.layout.ParallelLayout`: what each rank runs.
 
 The layout itself and its rules (`check_layout`, run on the driver before any process group exists,
 listing every problem) live in `asp_npu/core/layout.py`, so a bad config costs a second, not a hung
@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 
 
 def rendezvous_file(master_addr: str, master_port: int, fresh: bool = False) -> Path | None:
@@ -36,7 +36,7 @@ def rendezvous_file(master_addr: str, master_port: int, fresh: bool = False) -> 
     return path
 
 
-def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, master_port: int,
+def init_parallel(backend: str, rank: int, layout: ParallelLayout, master_addr: str, master_port: int,
                   seed: int, timeout_s: float = 600.0) -> None:
     """torch.distributed + megatron parallel_state + megatron's model-parallel RNG, on one rank.
 
@@ -54,7 +54,7 @@ def init_parallel(backend: str, rank: int, layout: Layout, master_addr: str, mas
     set_layout(layout, seed)
 
 
-def set_layout(layout: Layout, seed: int) -> None:
+def set_layout(layout: ParallelLayout, seed: int) -> None:
     """(Re)build megatron's parallel groups for `layout` on an initialised world; seeds its RNG."""
     from megatron.core import parallel_state, tensor_parallel
 

@@ -101,8 +101,8 @@ def test_arch_builds_each_family_with_the_shared_tokenizer(tmp_path, capsys, arc
     assert cfg["model_type"] == model_type and cfg["architectures"] == [cls]
     assert cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) in VLLM_CPU_HEAD_SIZES
     dims = ModelDims.from_hf_dir(out)
-    assert dims.arch == arch and dims.qkv_bias is False and dims.qk_norm == arch.startswith("qwen3")
-    assert (dims.num_experts, dims.moe_topk) == ((8, 2) if arch == "qwen3-moe" else (0, 0))
+    assert dims.family == arch and dims.qkv_bias is False and dims.qk_norm == arch.startswith("qwen3")
+    assert (dims.num_experts, dims.moe_router_topk) == ((8, 2) if arch == "qwen3-moe" else (0, 0))
     assert AutoTokenizer.from_pretrained(str(out)).tokenize("2026") == ["2", "0", "2", "6"]
 
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asp_npu.arch import ModelDims
 from asp_npu.cli import main as cli_main
 from asp_npu.config import load_config
-from asp_npu.deploy.arch import Arch
 from asp_npu.deploy.import_config import KNOWN_MODELS
 from asp_npu.deploy.layout import card_for, plan_layout
 from asp_npu.deploy.memory import (
@@ -52,7 +52,7 @@ def _cfg(model: str, **actor: object) -> object:
     ],
 )
 def test_parameter_counts_match_the_published_sizes(model: str, total_b: float, active_b: float) -> None:
-    a = Arch(**KNOWN_MODELS[model])
+    a = ModelDims(**KNOWN_MODELS[model])
     assert a.params / 1e9 == pytest.approx(total_b, rel=0.01)
     assert a.active_params / 1e9 == pytest.approx(active_b, rel=0.02)
 
@@ -70,7 +70,7 @@ def test_sharded_parameters_sum_back_to_the_model(tp: int, pp: int, ep: int, mod
     cfg = _cfg(
         model, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
     )
-    a = Arch(**KNOWN_MODELS[model])
+    a = ModelDims(**KNOWN_MODELS[model])
     stages = [stage_params(cfg, a, s) for s in range(pp)]
     dense = sum(s.dense for s in stages) * tp
     experts = sum(s.experts for s in stages) * tp * ep
@@ -81,7 +81,7 @@ def test_sharded_parameters_sum_back_to_the_model(tp: int, pp: int, ep: int, mod
 def test_distributed_optimizer_follows_megatrons_bytes_per_parameter() -> None:
     """bf16 with fp32 grads: 18 bytes/param plain, 6 + 12/DP with the distributed optimizer."""
     cfg = _cfg("qwen25_7b", data_parallel_size=4, use_distributed_optimizer=False)
-    a = Arch(**KNOWN_MODELS["qwen25_7b"])
+    a = ModelDims(**KNOWN_MODELS["qwen25_7b"])
     plain = trainer_memory(cfg, a, A3)[0].parts
     cfg.actor_config.use_distributed_optimizer = True
     dist = trainer_memory(cfg, a, A3)[0].parts
@@ -93,7 +93,7 @@ def test_distributed_optimizer_follows_megatrons_bytes_per_parameter() -> None:
 
 
 def test_expert_parallelism_shards_experts_and_their_optimizer_over_expert_dp() -> None:
-    a = Arch(**KNOWN_MODELS["qwen3_30b_a3b"])
+    a = ModelDims(**KNOWN_MODELS["qwen3_30b_a3b"])
     cfg = _cfg(
         "qwen3_30b_a3b",
         tensor_model_parallel_size=4,
@@ -110,7 +110,7 @@ def test_expert_parallelism_shards_experts_and_their_optimizer_over_expert_dp() 
 
 
 def test_recompute_and_sequence_parallel_shrink_activations() -> None:
-    a = Arch(**KNOWN_MODELS["qwen25_7b"])
+    a = ModelDims(**KNOWN_MODELS["qwen25_7b"])
     cfg = _cfg("qwen25_7b", tensor_model_parallel_size=4, sequence_parallel=False, recompute_granularity="")
 
     def acts() -> float:
@@ -136,7 +136,7 @@ def test_recompute_and_sequence_parallel_shrink_activations() -> None:
 
 
 def test_offload_frees_the_rollout_phase_only() -> None:
-    a = Arch(**KNOWN_MODELS["qwen25_7b"])
+    a = ModelDims(**KNOWN_MODELS["qwen25_7b"])
     cfg = _cfg("qwen25_7b", tensor_model_parallel_size=4, data_parallel_size=4)
     cfg.rl_config.mode = "mindspeed-sync"
     before = trainer_memory(cfg, a, A3)[0]
@@ -156,7 +156,7 @@ def test_offload_frees_the_rollout_phase_only() -> None:
 
 
 def test_rollout_experts_shard_over_infer_expert_parallelism() -> None:
-    a = Arch(**KNOWN_MODELS["qwen3_30b_a3b"])
+    a = ModelDims(**KNOWN_MODELS["qwen3_30b_a3b"])
     cfg = _cfg("qwen3_30b_a3b")
     cfg.generate_config.infer_tensor_parallel_size = 1
     w1 = instance_memory(cfg, a, A3).parts["weights"]
@@ -167,7 +167,7 @@ def test_rollout_experts_shard_over_infer_expert_parallelism() -> None:
 
 
 def test_mla_kv_cache_is_the_compressed_latent() -> None:
-    a = Arch(**KNOWN_MODELS["deepseekv3_671b"])
+    a = ModelDims(**KNOWN_MODELS["deepseekv3_671b"])
     assert a.kv_bytes_per_token(2, 8) == a.kv_bytes_per_token(2, 1) == 61 * (512 + 64) * 2
 
 
@@ -302,7 +302,7 @@ def test_expert_parallel_instances_take_whole_blocks_without_reuse(
 
 
 def test_uneven_stages_hold_their_own_layers_and_the_largest_middle_stage_is_reported() -> None:
-    a = Arch(**KNOWN_MODELS["deepseekv3_671b"])  # 61 layers, the first 3 dense
+    a = ModelDims(**KNOWN_MODELS["deepseekv3_671b"])  # 61 layers, the first 3 dense
     cfg = _cfg("deepseekv3_671b", tensor_model_parallel_size=4, pipeline_model_parallel_size=6,
                expert_model_parallel_size=64, expert_tensor_parallel_size=1, data_parallel_size=16,
                num_layer_list=[9, 10, 10, 10, 11, 11])
@@ -317,7 +317,7 @@ def test_uneven_stages_hold_their_own_layers_and_the_largest_middle_stage_is_rep
 
 
 def test_context_parallel_splits_activations_and_logits() -> None:
-    a = Arch(**KNOWN_MODELS["qwen25_7b"])
+    a = ModelDims(**KNOWN_MODELS["qwen25_7b"])
     one = trainer_memory(_cfg("qwen25_7b", data_parallel_size=2), a, A3)[0].parts
     two = trainer_memory(_cfg("qwen25_7b", data_parallel_size=1, context_parallel_size=2), a, A3)[0].parts
     assert two["activations"] == pytest.approx(one["activations"] / 2, rel=0.02)  # the same micro-batches

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from asp_npu.sim.cost import SimCost
 from asp_npu.sim.limit import limit
-from asp_npu.sim.modes import MODES, Layout
+from asp_npu.sim.modes import MODES, DeviceSplit
 from asp_npu.sim.preset import Cluster, Preset, RLSpec, WorkloadSpec, load_preset
 from asp_npu.sim.run import run_modes, simulate_layout
 from asp_npu.sim.workload import from_arrays
@@ -52,5 +52,5 @@ def test_limit_is_tight_on_a_balanced_split() -> None:
     w = from_arrays(np.full((8 * iters, 4), length), prompt_len=1, prompts_per_iteration=8)
     b = limit(p, w, colocated=False, barrier=False)
     assert b.iteration_s == pytest.approx(25.6)
-    r = simulate_layout(p, w, "async-fifo", Layout(2, 1, 1, 1))
+    r = simulate_layout(p, w, "async-fifo", DeviceSplit(2, 1, 1, 1))
     assert r.metrics["efficiency"] == pytest.approx((iters + 1) / iters)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from asp_npu.arch import ModelDims
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 from asp_npu.trainer.convert import _qkv_split, hf_to_megatron, stage_layers
 
-DIMS = ModelDims(hidden_size=8, intermediate_size=6, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=2,
-                 vocab_size=7, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,
+DIMS = ModelDims(hidden_size=8, intermediate_size=6, num_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=2, vocab_size=7,
+                 rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,
                  tie_word_embeddings=False)
 
 
@@ -26,12 +27,12 @@ def _hf_state(d: ModelDims) -> dict[str, torch.Tensor]:
     for i in range(d.num_layers):
         p = f"model.layers.{i}."
         # q rows tagged with their head index so the interleaving can be read off
-        sd[p + "self_attn.q_proj.weight"] = tagged(d.num_heads, 0)
-        sd[p + "self_attn.k_proj.weight"] = tagged(d.num_kv_heads, 100)
-        sd[p + "self_attn.v_proj.weight"] = tagged(d.num_kv_heads, 200)
+        sd[p + "self_attn.q_proj.weight"] = tagged(d.num_attention_heads, 0)
+        sd[p + "self_attn.k_proj.weight"] = tagged(d.num_key_value_heads, 100)
+        sd[p + "self_attn.v_proj.weight"] = tagged(d.num_key_value_heads, 200)
         for n in ("q", "k", "v"):
             sd[p + f"self_attn.{n}_proj.bias"] = sd[p + f"self_attn.{n}_proj.weight"][:, 0].clone()
-        sd[p + "self_attn.o_proj.weight"] = torch.randn(h, d.num_heads * hd, generator=g)
+        sd[p + "self_attn.o_proj.weight"] = torch.randn(h, d.num_attention_heads * hd, generator=g)
         sd[p + "mlp.gate_proj.weight"] = torch.randn(d.intermediate_size, h, generator=g)
         sd[p + "mlp.up_proj.weight"] = torch.randn(d.intermediate_size, h, generator=g)
         sd[p + "mlp.down_proj.weight"] = torch.randn(h, d.intermediate_size, generator=g)
@@ -42,7 +43,7 @@ def _hf_state(d: ModelDims) -> dict[str, torch.Tensor]:
 
 def test_qkv_is_interleaved_per_query_group_and_split_by_whole_groups():
     hf = _hf_state(DIMS)
-    shards = [hf_to_megatron(hf, DIMS, Layout(2, 1, 1), r, 0) for r in range(2)]
+    shards = [hf_to_megatron(hf, DIMS, ParallelLayout(2, 1, 1), r, 0) for r in range(2)]
     # rank r holds query group r: [q heads 2r, 2r+1; k head r; v head r], head_dim rows each
     for r, sd in enumerate(shards):
         rows = sd["decoder.layers.0.self_attention.linear_qkv.weight"][:, 0].tolist()
@@ -56,7 +57,7 @@ def test_qkv_is_interleaved_per_query_group_and_split_by_whole_groups():
 
 def test_gate_up_fusion_row_split_and_vocab_padding():
     hf = _hf_state(DIMS)
-    shards = [hf_to_megatron(hf, DIMS, Layout(2, 1, 1), r, 0) for r in range(2)]
+    shards = [hf_to_megatron(hf, DIMS, ParallelLayout(2, 1, 1), r, 0) for r in range(2)]
     gate, up = hf["model.layers.1.mlp.gate_proj.weight"], hf["model.layers.1.mlp.up_proj.weight"]
     for r, sd in enumerate(shards):
         fc1 = sd["decoder.layers.1.mlp.linear_fc1.weight"]
@@ -69,9 +70,9 @@ def test_gate_up_fusion_row_split_and_vocab_padding():
 
 def test_pipeline_stages_hold_consecutive_layers_with_local_names():
     hf = _hf_state(DIMS)
-    first = hf_to_megatron(hf, DIMS, Layout(1, 2, 1), 0, 0)
-    last = hf_to_megatron(hf, DIMS, Layout(1, 2, 1), 0, 1)
-    assert list(stage_layers(DIMS, Layout(1, 2, 1), 1)) == [2, 3]
+    first = hf_to_megatron(hf, DIMS, ParallelLayout(1, 2, 1), 0, 0)
+    last = hf_to_megatron(hf, DIMS, ParallelLayout(1, 2, 1), 0, 1)
+    assert list(stage_layers(DIMS, ParallelLayout(1, 2, 1), 1)) == [2, 3]
     assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
     assert "output_layer.weight" in last and "embedding.word_embeddings.weight" not in last
     assert torch.equal(last["decoder.layers.0.input_layernorm.weight"],
@@ -80,7 +81,7 @@ def test_pipeline_stages_hold_consecutive_layers_with_local_names():
 
 def test_uneven_pipeline_stages_hold_their_layer_counts():
     hf = _hf_state(DIMS)
-    lay = Layout(1, 2, 1, stages=(1, 3))
+    lay = ParallelLayout(1, 2, 1, stages=(1, 3))
     assert [list(stage_layers(DIMS, lay, r)) for r in range(2)] == [[0], [1, 2, 3]]
     first, last = hf_to_megatron(hf, DIMS, lay, 0, 0), hf_to_megatron(hf, DIMS, lay, 0, 1)
     assert {k.split(".")[2] for k in first if k.startswith("decoder.layers.")} == {"0"}

@@ -9,13 +9,14 @@ import torch
 from asp_npu.arch import MLA_MISSING, ModelDims
 from asp_npu.cli import main as cli_main
 from asp_npu.config import Config, validate
-from asp_npu.core.layout import Layout, layout_problems
+from asp_npu.core.layout import ParallelLayout, layout_problems
 from asp_npu.trainer.convert import hf_to_megatron
 
-MOE = ModelDims(hidden_size=8, intermediate_size=6, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2,
-                vocab_size=7, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,
-                tie_word_embeddings=False, arch="qwen3-moe", num_experts=4, moe_topk=2,
-                moe_intermediate_size=4)
+MOE = ModelDims(hidden_size=8, intermediate_size=6, num_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=2, vocab_size=7,
+                rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=16,
+                tie_word_embeddings=False, model_type="qwen3_moe", num_experts=4, moe_router_topk=2,
+                moe_ffn_hidden_size=4)
 
 
 def _folder(tmp_path, **hf) -> str:
@@ -53,7 +54,7 @@ def test_expert_parallel_layout_rules():
     assert layout_problems(MOE, 1, 1, 2, 2, ep=2) == []
     assert any("does not divide the 4 experts" in p for p in layout_problems(MOE, 1, 1, 3, 3, ep=3))
     assert any("= 4 does not divide TP x CP x DP = 2" in p for p in layout_problems(MOE, 1, 1, 2, 2, ep=4))
-    dense = ModelDims(**{**MOE.__dict__, "arch": "qwen2", "num_experts": 0})
+    dense = ModelDims(**{**MOE.__dict__, "model_type": "qwen2", "num_experts": 0})
     assert any("needs a MoE model" in p for p in layout_problems(dense, 1, 1, 2, 2, ep=2))
     cfg = Config()
     cfg.model.arch.num_experts, cfg.actor_config.tensor_model_parallel_size = 8, 2
@@ -66,9 +67,10 @@ def _moe_hf(d: ModelDims) -> dict[str, torch.Tensor]:
           "lm_head.weight": torch.randn(d.vocab_size, h)}
     for i in range(d.num_layers):
         p = f"model.layers.{i}."
-        for n, rows in (("q", d.num_heads), ("k", d.num_kv_heads), ("v", d.num_kv_heads)):
+        heads = d.num_attention_heads
+        for n, rows in (("q", heads), ("k", d.num_key_value_heads), ("v", d.num_key_value_heads)):
             sd[p + f"self_attn.{n}_proj.weight"] = torch.randn(rows * d.head_dim, h)
-        sd[p + "self_attn.o_proj.weight"] = torch.randn(h, d.num_heads * d.head_dim)
+        sd[p + "self_attn.o_proj.weight"] = torch.randn(h, d.num_attention_heads * d.head_dim)
         sd[p + "self_attn.q_norm.weight"] = torch.full((d.head_dim,), 1.0 + i)
         sd[p + "self_attn.k_norm.weight"] = torch.full((d.head_dim,), 2.0 + i)
         sd[p + "mlp.gate.weight"] = torch.randn(d.num_experts, h)
@@ -84,7 +86,7 @@ def test_moe_experts_split_over_expert_parallel_ranks_and_qk_norms_replicated():
     hf = _moe_hf(MOE)
     for ep_rank in range(2):
         for tp_rank in range(2):
-            sd = hf_to_megatron(hf, MOE, Layout(2, 1, 2, ep=2), tp_rank, 0, ep_rank)
+            sd = hf_to_megatron(hf, MOE, ParallelLayout(2, 1, 2, ep=2), tp_rank, 0, ep_rank)
             m = "decoder.layers.1."
             assert torch.equal(sd[m + "self_attention.q_layernorm.weight"], torch.full((2,), 2.0))
             assert torch.equal(sd[m + "self_attention.k_layernorm.weight"], torch.full((2,), 3.0))
@@ -101,8 +103,8 @@ def test_moe_experts_split_over_expert_parallel_ranks_and_qk_norms_replicated():
 def test_expert_tensor_parallel_one_keeps_whole_experts():
     """MindSpeed's moe_tp_extend_ep as megatron sees it: ETP=1, so each expert is whole on its EP rank."""
     hf = _moe_hf(MOE)
-    sd = hf_to_megatron(hf, MOE, Layout(2, 1, 1, ep=2, etp=1), 1, 0, 1, etp_rank=0)
+    sd = hf_to_megatron(hf, MOE, ParallelLayout(2, 1, 1, ep=2, etp=1), 1, 0, 1, etp_rank=0)
     fc1 = sd["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"]
     assert fc1.shape == (8, 8) and torch.all(fc1 == 2)  # expert 2, gate + up unsplit
     proj = sd["decoder.layers.0.self_attention.linear_proj.weight"]
-    assert proj.shape[1] == MOE.num_heads * MOE.head_dim // 2  # attention still TP-split
+    assert proj.shape[1] == MOE.num_attention_heads * MOE.head_dim // 2  # attention still TP-split

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asp_npu.arch import ModelDims
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 from asp_npu.errors import UserError
 from asp_npu.io import MODEL_MARKER
 from asp_npu.trainer.convert import hf_to_megatron, read_hf_state
@@ -65,7 +65,7 @@ def _fake_checkpoint(root: Path, model_dir: Path, hf: dict[str, torch.Tensor], d
 
     cpu_compat.prepare("cpu")  # megatron's writer calls torch.cuda.synchronize
 
-    full = hf_to_megatron(hf, dims, Layout(1, 1, 1), 0, 0)
+    full = hf_to_megatron(hf, dims, ParallelLayout(1, 1, 1), 0, 0)
     full = {k.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"): v
             for k, v in full.items()}
     it = root / "iter_0000004"

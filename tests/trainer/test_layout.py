@@ -10,8 +10,9 @@ from asp_npu.arch import ModelDims
 from asp_npu.core.layout import check_layout, layout_problems
 from asp_npu.errors import ConfigError
 
-DIMS = ModelDims(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                 vocab_size=203, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
+DIMS = ModelDims(hidden_size=64, intermediate_size=96, num_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=203,
+                 rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
                  tie_word_embeddings=True)
 
 
@@ -66,10 +67,11 @@ def test_missing_config_json_is_a_config_error(tmp_path):
         ModelDims.from_hf_dir(tmp_path)
 
 
-MOE = ModelDims(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
-                vocab_size=203, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
-                tie_word_embeddings=True, arch="qwen3-moe", num_experts=8, moe_topk=2,
-                moe_intermediate_size=32)
+MOE = ModelDims(hidden_size=64, intermediate_size=96, num_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=203,
+                rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256,
+                tie_word_embeddings=True, model_type="qwen3_moe", num_experts=8, moe_router_topk=2,
+                moe_ffn_hidden_size=32)
 
 
 @pytest.mark.parametrize(("tp", "dp", "ep", "etp", "ok"), [

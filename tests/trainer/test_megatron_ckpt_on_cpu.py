@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asp_npu.core.layout import Layout
+from asp_npu.core.layout import ParallelLayout
 from asp_npu.data.megatron_folder import LEGACY_FILE, OURS, TRACKER, is_megatron, locate
 from asp_npu.errors import UserError
 from asp_npu.trainer.convert import hf_to_megatron
@@ -26,7 +26,7 @@ def write_legacy(root: Path, hf: dict[str, torch.Tensor], tp: int, pp: int, stag
                  te_names: bool = False, tied: bool = False, iteration: int = 20) -> Path:
     """A Megatron-LM legacy-layout folder: one torch.save'd {'model', 'args', ...} per (tp, pp) rank."""
     dims = TIED if tied else DIMS
-    lay = Layout(tp, pp, 1, stages=stages)
+    lay = ParallelLayout(tp, pp, 1, stages=stages)
     it = root / f"iter_{iteration:07d}"
     for p in range(pp):
         for t in range(tp):
@@ -67,7 +67,7 @@ def test_legacy_layout_at_any_tp_pp_merges_to_the_source_weights(tmp_path_factor
 def test_virtual_pipeline_chunks_are_stacked_chunk_major(tmp_path: Path) -> None:
     """Megatron's interleaved schedule: stage p's chunk c holds layers (c * PP + p) * per-chunk ..."""
     hf = _hf_state(DIMS)
-    one = Layout(1, 4, 1)  # 4 one-layer pieces: chunk c of stage p = piece c * 2 + p
+    one = ParallelLayout(1, 4, 1)  # 4 one-layer pieces: chunk c of stage p = piece c * 2 + p
     it = tmp_path / "iter_0000001"
     for p in range(2):
         state = {"args": argparse.Namespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)}
