@@ -2,17 +2,24 @@
 engines start, while the trainer group forms) the command exits 143 with one line, no process it
 started is left, and the run folder is as it was (a previous run's files put back, no new one made).
 
+Each signal point is reached by what the command does, never by a timer: the progress line `train`
+prints once the config, data and model folder are checked and the run folder is prepared, just
+before it starts Ray ("before-ray"), or the first process of a kind appearing under the command.
 Each case is one real start (Ray, vLLM, megatron over gloo) cut short: slow, and kept to three.
+tests/test_signals_commands.py does the same for `bench real`, `calibrate` and `sft` with these helpers.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -21,17 +28,15 @@ from tests.test_bad_input_commands import REPO, SMALL
 
 START_LIMIT_S = 300  # to reach a signal point on a busy 2-core machine
 EXIT_LIMIT_S = 60  # from the signal to the command's exit
+BEFORE_RAY = "; starting Ray"  # the end of train's progress line once its checks pass (pipeline/train.py)
+RAY = ("gcs_server", "raylet", "ray::")
 
-# point -> what must be running when the signal is sent (None: only the driver, before Ray)
-POINTS = {"before-ray": None, "engines-starting": "ray::RolloutInstance",
+# point -> what marks it: a stderr line ("line:<text>") or a process title under the command
+POINTS = {"before-ray": f"line:{BEFORE_RAY}", "engines-starting": "ray::RolloutInstance",
           "trainer-forming": "ray::TrainerRank"}
-
-
-def _tree(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
+ENV = {"PYTHONPATH": str(REPO), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "RAY_USAGE_STATS_ENABLED": "0",
+       "VLLM_HOST_IP": "127.0.0.1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _title(p: psutil.Process) -> str:
@@ -41,14 +46,100 @@ def _title(p: psutil.Process) -> str:
         return ""
 
 
-def _previous_run(folder: Path) -> None:
+class Command:
+    """One `asp-npu` command in its own session; its stdout and stderr are read as they come (so a
+    chatty engine never blocks on a full pipe) and every process seen under it is remembered."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "asp_npu.cli", *args], cwd=cwd,
+                                     env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.driver = psutil.Process(self.proc.pid)
+        self.seen: dict[int, psutil.Process] = {}
+        self.err: list[str] = []
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._readers = [threading.Thread(target=self._read, args=(s, keep), daemon=True)
+                         for s, keep in ((self.proc.stdout, False), (self.proc.stderr, True))]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, stream: IO[str] | None, keep: bool) -> None:
+        for line in stream or ():
+            if keep:
+                self.err.append(line)
+                self.lines.put(line)
+
+    def kids(self) -> list[psutil.Process]:
+        try:
+            kids = self.driver.children(recursive=True)
+        except psutil.Error:
+            return []
+        self.seen.update({p.pid: p for p in kids})
+        return kids
+
+    def stderr(self, tail: int = 3000) -> str:
+        return "".join(self.err)[-tail:]
+
+    def wait_for(self, point: str, limit_s: float = START_LIMIT_S) -> None:
+        """Until `point` ("line:<text>" on stderr, else a process title under the command) is reached;
+        fails the test if the command ends or the limit passes first."""
+        t0 = time.time()
+        while time.time() - t0 < limit_s and self.proc.poll() is None:
+            if point.startswith("line:"):
+                try:
+                    if point[5:] in self.lines.get(timeout=0.5):
+                        return
+                except queue.Empty:
+                    pass
+                continue
+            if any(point in _title(p) for p in self.kids()):
+                return
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"the command ended or took over {limit_s}s before {point}: {self.stderr()}")
+
+    def interrupt(self, sig: int = signal.SIGTERM) -> int:
+        """Send `sig` now; the exit status once the command has ended (killed after EXIT_LIMIT_S)."""
+        self.kids()
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=EXIT_LIMIT_S)
+        finally:
+            self.kill()
+        for t in self._readers:
+            t.join(timeout=10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def left(self) -> list[str]:
+        """Processes the command started that are still alive (after a moment for them to go)."""
+        time.sleep(2)
+        return [_title(p) for p in self.seen.values()
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def assert_interrupted(cmd: Command, name: str, rc: int, sig: int = signal.SIGTERM) -> None:
+    """Exit 128 + sig, no traceback, the command's last own line says so, nothing of it left."""
+    err = cmd.stderr()
+    lines = [line for line in "".join(cmd.err).splitlines() if line.startswith("asp-npu")]
+    assert rc == 128 + sig, err
+    assert "Traceback" not in "".join(cmd.err), err
+    assert lines and lines[-1].startswith(f"asp-npu {name}: interrupted by {signal.Signals(sig).name}"), err
+    assert cmd.left() == []
+
+
+def previous_run(folder: Path) -> None:
     folder.mkdir()
     (folder / "config.yaml").write_text("old: 1\n")
     (folder / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
     (folder / "notes.txt").write_text("the user's own file\n")
 
 
-def _snapshot(folder: Path) -> list[tuple[str, bytes]]:
+def snapshot(folder: Path) -> list[tuple[str, bytes]]:
     return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else b"")
                   for p in folder.rglob("*"))
 
@@ -57,42 +148,13 @@ def _snapshot(folder: Path) -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize("point", list(POINTS))
 def test_sigterm_during_start_up_leaves_nothing(tmp_path: Path, tiny_model_dir: Path, point: str) -> None:
     run = tmp_path / "run"
-    _previous_run(run)
-    before = _snapshot(run)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-           "RAY_USAGE_STATS_ENABLED": "0", "VLLM_HOST_IP": "127.0.0.1", "MASTER_ADDR": "127.0.0.1",
-           "GLOO_SOCKET_IFNAME": "lo"}
-    argv = [sys.executable, "-m", "asp_npu.cli", "train", f"--config={REPO}/configs/cpu_tiny.yaml", *SMALL,
-            f"model.path={tiny_model_dir}", f"trainer.run_dir={run}", "trainer.train_iters=2"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    driver = psutil.Process(proc.pid)
-    seen: dict[int, psutil.Process] = {}
-    want = POINTS[point]
-    t0 = time.time()
-    try:
-        while time.time() - t0 < START_LIMIT_S and proc.poll() is None:
-            kids = _tree(driver)
-            seen.update({p.pid: p for p in kids})
-            if want is None and time.time() - t0 > 3.0:
-                assert not kids, [_title(p) for p in kids]  # still before Ray
-                break
-            if want is not None and any(want in _title(p) for p in kids):
-                break
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before the signal point {point}: {proc.communicate()[1][-3000:]}")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=EXIT_LIMIT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    lines = [line for line in err.splitlines() if line.startswith("asp-npu")]
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    assert lines and lines[-1].startswith("asp-npu train: interrupted by SIGTERM"), err[-2000:]
-    time.sleep(2)
-    left = [_title(p) for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert left == [], left
-    assert _snapshot(run) == before
+    previous_run(run)
+    before = snapshot(run)
+    cmd = Command(["train", f"--config={REPO}/configs/cpu_tiny.yaml", *SMALL, f"model.path={tiny_model_dir}",
+                   f"trainer.run_dir={run}", "trainer.train_iters=2"], tmp_path)
+    cmd.wait_for(POINTS[point])
+    if point == "before-ray":  # the line comes before ray.init: no Ray process is up yet
+        assert not [t for t in map(_title, cmd.kids()) if any(r in t for r in RAY)], cmd.stderr()
+    rc = cmd.interrupt(signal.SIGTERM)
+    assert_interrupted(cmd, "train", rc)
+    assert snapshot(run) == before

@@ -125,6 +125,8 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
     if continuing:
         run.continue_from(checkpoint_step(load))
     try:
+        print(f"{f'[{label}] ' if label else ''}run {run.path}: config, {len(prompts)} prompts and model "
+              f"{cfg.model.path} checked; starting Ray", file=sys.stderr, flush=True)
         summary = run_controller(cfg, run, prompts, kind, console, label)
     except BaseException:
         if run.trained():
