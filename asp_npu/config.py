@@ -212,7 +212,8 @@ class RLConfig(Section):
     """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
 
     mode: str = "asp"  # one of MODES
-    adv_estimator: str = "group_norm"
+    adv_estimator: str = "group_norm"  # group_norm (GRPO) or verl's critic-free estimators (docs/loss.md)
+    gamma: float = 1.0  # reinforce_plus_plus: discount of the per-token return (verl algorithm.gamma)
     n_samples_per_prompt: int = 8  # GRPO group size
     mini_batch_size: int = 32  # samples per trainer step (whole groups)
     max_lag: int = 1  # policy lag bound in versions (0 = synchronous); AReaL max_head_offpolicyness
@@ -402,6 +403,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
     "rl_config.clip_ratio_low": (0, 1, False, False),
+    "rl_config.gamma": (0, 1, False, False),
     "rl_config.importance_cap": (0, None, False, False),  # 0 = no off-policy correction
     "rl_config.filter_groups_max_batches": (-1, None, False, False),  # -1 / 0: no cap (verl, MindSpeed-RL)
     "rl_config.kl_target": POSITIVE,
@@ -421,7 +423,14 @@ NUMERIC_RANGES: dict[str, Range] = {
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
-ADV_ESTIMATORS = ("group_norm",)
+ADV_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
+# verl's estimators asp-npu knows but cannot run, and what is missing (validation says it in one line)
+UNRUNNABLE_ESTIMATORS = {
+    "remax": "needs each prompt's greedy baseline reward (one extra greedy response per prompt), which "
+             "the rollout does not generate; rloo or reinforce_plus_plus_baseline take the group as baseline",
+}
+ESTIMATOR_ALIASES = {"grpo": "group_norm"}  # verl's names for ours (the importer maps them)
+GAMMA_ESTIMATORS = ("reinforce_plus_plus",)  # the estimators that read rl_config.gamma
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_CTRL_TYPES = ("fixed", "adaptive")  # asp_npu.trainer.losses.KL_CTRL_TYPES
@@ -458,14 +467,36 @@ def range_problems(obj: Any, prefix: str = "") -> list[str]:
     return problems
 
 
+def estimator_problems(rl: RLConfig) -> list[str]:
+    """`adv_estimator` one that runs (a misspelling gets a suggestion), and no key it ignores set."""
+    import difflib
+
+    name = rl.adv_estimator
+    if name in UNRUNNABLE_ESTIMATORS:
+        return [f"rl_config.adv_estimator: {name} {UNRUNNABLE_ESTIMATORS[name]}"]
+    if name not in ADV_ESTIMATORS:
+        close = [ESTIMATOR_ALIASES[name]] if name in ESTIMATOR_ALIASES else \
+            difflib.get_close_matches(name, [*ADV_ESTIMATORS, *UNRUNNABLE_ESTIMATORS], n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return [f"rl_config.adv_estimator: '{name}' is not one of {', '.join(ADV_ESTIMATORS)}{hint}"]
+    out = []
+    if rl.gamma != 1.0 and name not in GAMMA_ESTIMATORS:
+        out.append(f"rl_config.gamma: {rl.gamma} has no effect with adv_estimator {name} (only "
+                   f"{', '.join(GAMMA_ESTIMATORS)} discounts); leave it at 1.0")
+    if not rl.norm_adv_by_std_in_grpo and name != "group_norm":
+        out.append(f"rl_config.norm_adv_by_std_in_grpo: false has no effect with adv_estimator {name} "
+                   "(only group_norm divides by the group's std); leave it true")
+    return out
+
+
 def _choice_problems(cfg: Config) -> list[str]:
     """String fields with a fixed set of values."""
     problems: list[str] = []
     unknown = [lg for lg in cfg.trainer.logger if lg not in LOGGERS]
     if unknown:
         problems.append(f"trainer.logger: '{unknown[0]}' is not one of {', '.join(LOGGERS)}")
-    for key, value, allowed in (("rl_config.adv_estimator", cfg.rl_config.adv_estimator, ADV_ESTIMATORS),
-                                ("rl_config.kl_penalty", cfg.rl_config.kl_penalty, KL_PENALTIES),
+    problems += estimator_problems(cfg.rl_config)
+    for key, value, allowed in (("rl_config.kl_penalty", cfg.rl_config.kl_penalty, KL_PENALTIES),
                                 ("rl_config.loss_agg_mode", cfg.rl_config.loss_agg_mode, LOSS_AGG_MODES),
                                 ("rl_config.kl_ctrl_type", cfg.rl_config.kl_ctrl_type, KL_CTRL_TYPES),
                                 ("model.size", cfg.model.size, MODEL_SIZES)):

@@ -577,6 +577,8 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
     elif leaf == "num_npus":
         found.num_npus = _as_int(key, value)
         tr.mapped.append(key)
+    elif key == "rl_config.adv_estimator":
+        tr.set(key, key, _adv_estimator(key, value))
     elif leaf in _RL_SAME_NAME:
         tr.set(key, f"rl_config.{leaf}", value)
     elif key == "rl_config.mini_batch_size":
@@ -595,6 +597,18 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
     else:
         return False
     return True
+
+
+def _adv_estimator(key: str, value: Any) -> str:
+    """An estimator asp-npu runs, by MindSpeed-RL's or verl's name; anything else refused in one line."""
+    from asp_npu.config import ADV_ESTIMATORS, ESTIMATOR_ALIASES, UNRUNNABLE_ESTIMATORS
+
+    name = ESTIMATOR_ALIASES.get(str(value), str(value))
+    if name in UNRUNNABLE_ESTIMATORS:
+        raise UserError(f"{key}: {name} {UNRUNNABLE_ESTIMATORS[name]}")
+    if name not in ADV_ESTIMATORS:
+        raise UserError(f"{key}: '{value}' is not an estimator asp-npu runs ({', '.join(ADV_ESTIMATORS)})")
+    return name
 
 
 def _rl_batch_key(tr: Translation, key: str, value: Any) -> bool:

@@ -1,5 +1,6 @@
-"""A TrainBatch as trainer samples: GRPO advantages per group, the data-parallel shard of each rank
-(balanced by tokens), and micro-batches (by count, or by a token budget: verl's use_dynamic_bsz).
+"""A TrainBatch as trainer samples: advantages by `rl_config.adv_estimator` (`batch_advantages`), the
+data-parallel shard of each rank (balanced by tokens), and micro-batches (by count, or by a token
+budget: verl's use_dynamic_bsz).
 
 Every rank receives the whole TrainBatch and deterministically picks its shard, so the driver never
 needs to know the layout; the loss's normalisation (`agg_norm`) counts the whole minibatch.
@@ -7,13 +8,15 @@ needs to know the layout; the loss's normalisation (`agg_norm`) counts the whole
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from asp_npu.config import Config
+from asp_npu.config import Config, RLConfig
+from asp_npu.trainer.advantages import gpg, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo
 from asp_npu.trainer.losses import AggNorm, equal_reward_groups, group_advantages
 from asp_npu.types import TrainBatch, Trajectory
 
@@ -52,17 +55,69 @@ def group_key(t: Trajectory) -> tuple[str, int]:
     return (t.prompt_id, t.epoch)
 
 
-def batch_advantages(batch: TrainBatch, norm_by_std: bool = True,
-                     penalties: dict[int, float] | None = None) -> np.ndarray:
-    """GRPO advantages of every trajectory; `penalties` (by batch index) are subtracted from the rewards
-    first (KL in the reward, verl's `use_kl_in_reward`)."""
+@dataclass(frozen=True)
+class Estimator:
+    """How advantages are computed (`rl_config.adv_estimator` and the keys it reads)."""
+
+    name: str = "group_norm"  # one of config.ADV_ESTIMATORS
+    norm_by_std: bool = True  # group_norm: norm_adv_by_std_in_grpo
+    gamma: float = 1.0  # reinforce_plus_plus: discount
+
+    @classmethod
+    def of(cls, rl: RLConfig) -> Estimator:
+        return cls(rl.adv_estimator, rl.norm_adv_by_std_in_grpo, rl.gamma)
+
+
+def _trained(t: Trajectory) -> list[int]:
+    return list(t.loss_mask) or [1] * len(t.response_token_ids)
+
+
+def token_rewards(t: Trajectory, penalty: Sequence[float] | None = None) -> np.ndarray:
+    """verl's token-level rewards of one response: its reward on the last token, less the per-token KL
+    penalty `beta kl_t` when the KL is in the reward."""
+    r = np.zeros(len(t.response_token_ids))
+    if len(r):
+        r[-1] = t.reward
+    if penalty is not None:
+        p = np.asarray(penalty, dtype=np.float64)
+        if p.shape != r.shape:
+            raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(p)} KL penalties for "
+                             f"{len(r)} response tokens")
+        r = r - p
+    return r
+
+
+def batch_advantages(batch: TrainBatch, est: Estimator | None = None,
+                     penalties: Mapping[int, Sequence[float]] | None = None) -> list[float | list[float]]:
+    """Every trajectory's advantage (a float, or one per response token: reinforce_plus_plus);
+    `penalties` (by batch index, one per response token) are subtracted from the token-level rewards
+    first (KL in the reward, verl's `use_kl_in_reward`; outcome estimators use their sum)."""
+    est = est or Estimator()
     trajs = batch.trajectories
-    rewards = [t.reward - (penalties or {}).get(i, 0.0) for i, t in enumerate(trajs)]
-    return group_advantages(rewards, [group_key(t) for t in trajs], norm_by_std=norm_by_std)
+    pen = penalties or {}
+    rows = [token_rewards(t, pen.get(i)) for i, t in enumerate(trajs)]
+    if est.name == "reinforce_plus_plus":
+        return [a.tolist() for a in reinforce_plus_plus(rows, [_trained(t) for t in trajs], est.gamma)]
+    if est.name == "remax":
+        raise ValueError("adv_estimator remax needs each prompt's greedy baseline reward, which the "
+                         "rollout does not generate")
+    scores = [float(r.sum()) for r in rows]
+    keys = [group_key(t) for t in trajs]
+    if est.name == "group_norm":
+        adv = group_advantages(scores, keys, norm_by_std=est.norm_by_std)
+    elif est.name == "rloo":
+        adv = rloo(scores, keys)
+    elif est.name == "reinforce_plus_plus_baseline":
+        adv = reinforce_plus_plus_baseline(scores, keys, [sum(_trained(t)) for t in trajs])
+    elif est.name == "gpg":
+        adv = gpg(scores, keys)
+    else:
+        raise ValueError(f"unknown adv_estimator '{est.name}'")
+    return [float(a) for a in adv]
 
 
 def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
-                     norm_by_std: bool = True) -> tuple[list[Sample], int]:
+                     est: Estimator | None = None) -> tuple[list[Sample], int]:
     """Advantages per GRPO group (optionally dropping zero-signal groups); returns samples, dropped groups."""
     trajs = batch.trajectories
     keys = [group_key(t) for t in trajs]
@@ -75,7 +130,7 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
         k, n = next(iter(bad.items()))
         raise ValueError(f"TrainBatch holds an incomplete group: prompt {k[0]} has {n} samples, "
                          f"group_size is {batch.group_size}")
-    adv = batch_advantages(batch, norm_by_std)
+    adv = batch_advantages(batch, est)
     drop = equal_reward_groups(rewards, keys) if drop_equal_groups else set()
     samples = []
     for i, (t, k) in enumerate(zip(trajs, keys, strict=True)):
@@ -85,7 +140,7 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
             raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
                              f"{len(t.response_token_ids)} response tokens")
         samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
-                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs),
+                              len(t.prompt_token_ids), adv[i], list(t.logprobs),
                               list(t.loss_mask) or None))
     return samples, len(drop)
 

@@ -252,8 +252,14 @@ def _stats(loss: torch.Tensor, pg: torch.Tensor, kl: torch.Tensor, ent: torch.Te
     }
 
 
-def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
-    """Each row's summed per-token KL over its response tokens [b] (verl's `apply_kl_penalty`: the
-    token-level penalty an outcome-reward GRPO sums into the sequence's reward)."""
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL [b, s], 0 where `mask` is 0 (verl's `apply_kl_penalty`: `kld * response_mask`, the
+    token-level penalty of the reward)."""
     on = mask > 0
-    return (kl_penalty(_masked(logp, on), _masked(ref_logp, on), kind) * on.to(logp.dtype)).sum(-1)
+    return kl_penalty(_masked(logp, on), _masked(ref_logp, on), kind) * on.to(logp.dtype)
+
+
+def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """Each row's summed per-token KL over its response tokens [b] (the penalty an outcome-reward
+    estimator sums into the sequence's reward)."""
+    return token_kl(logp, ref_logp, mask, kind).sum(-1)

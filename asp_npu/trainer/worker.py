@@ -29,6 +29,7 @@ from asp_npu.arch import ModelDims
 from asp_npu.config import Config
 from asp_npu.core.layout import actor_layout
 from asp_npu.trainer.batching import (
+    Estimator,
     Sample,
     agg_norm,
     batch_advantages,
@@ -42,7 +43,7 @@ from asp_npu.trainer.losses import (
     KLController,
     LossConfig,
     policy_loss,
-    sequence_kl,
+    token_kl,
     vocab_parallel_entropy,
 )
 from asp_npu.types import TrainBatch
@@ -91,6 +92,7 @@ class TrainerWorker:
         init_parallel(device.spec(self.kind).dist_backend, rank, self.layout, master_addr, master_port,
                       act.seed)
         self.loss_cfg = loss_config(cfg)
+        self.estimator = Estimator.of(cfg.rl_config)
         self.last_lr = 0.0  # the lr of the latest optimizer step
         self.kl_ctrl = kl_controller(cfg)
         self.step = 0
@@ -426,7 +428,7 @@ class TrainerWorker:
         """One optimizer update (x ppo_epochs) on a complete minibatch of groups; returns metrics."""
         t0 = time.perf_counter()
         # DAPO dynamic sampling filters equal-reward groups in the pipeline, before the minibatch is cut
-        samples, dropped = batch_to_samples(batch, False, self.cfg.rl_config.norm_adv_by_std_in_grpo)
+        samples, dropped = batch_to_samples(batch, False, self.estimator)
         lags = [self.version - v for v in batch.versions]
         metrics: dict[str, float] = {
             "step": float(self.step), "dropped_groups": float(dropped), "samples": float(len(samples)),
@@ -478,40 +480,48 @@ class TrainerWorker:
             list[dict[str, torch.Tensor]], list[torch.Tensor], dict[int, torch.Tensor], float]:
         """Micro-batches, reference logprobs and (KL in the reward) the proximal logprobs of the update.
 
-        With `use_kl_in_reward` each sample's reward loses `beta x` its summed per-token KL between the
-        proximal policy (the weights before this update) and the reference before the GRPO advantages
-        are computed, as verl's `apply_kl_penalty` followed by its GRPO estimator (which sums the
-        token-level rewards of a sequence); returns the mean penalty per sample as the last item."""
+        With `use_kl_in_reward` each response token's reward loses `beta x` its KL between the proximal
+        policy (the weights before this update) and the reference before the advantages are computed,
+        as verl's `apply_kl_penalty` followed by its estimator (an outcome estimator sums a sequence's
+        token-level rewards, reinforce_plus_plus discounts them per token); returns the mean penalty
+        per sample as the last item."""
         micro = self._my_micro_batches(samples)
         ref = self._forward_logprobs(self.ref_model, micro) if self.ref_model is not None else []
         if self.ref_model is None or not self.loss_cfg.use_kl_in_reward:
             return micro, ref, {}, 0.0
         first = self._forward_logprobs(self.model, micro)
-        penalties = {i: beta * v for i, v in self._sequence_kls(micro, first, ref).items()}
-        adv = batch_advantages(batch, self.cfg.rl_config.norm_adv_by_std_in_grpo, penalties)
+        kls = self._token_kls(micro, first, ref, samples)
+        penalties = {i: [beta * v for v in row] for i, row in kls.items()}
+        adv = batch_advantages(batch, self.estimator, penalties)
         for s in samples:
-            s.advantage = float(adv[s.index])
+            s.advantage = adv[s.index]
         return self._my_micro_batches(samples), ref, dict(enumerate(first)), \
-            sum(penalties.values()) / len(samples)
+            sum(sum(row) for row in penalties.values()) / len(samples)
 
-    def _sequence_kls(self, micro: list[dict[str, torch.Tensor]], logps: list[torch.Tensor],
-                      ref: list[torch.Tensor]) -> dict[int, float]:
-        """Each sample's summed per-token KL (by batch index), the same on every rank: partial sums of
-        every data- and context-parallel rank's last stage, gathered and added up."""
+    def _token_kls(self, micro: list[dict[str, torch.Tensor]], logps: list[torch.Tensor],
+                   ref: list[torch.Tensor], samples: list[Sample]) -> dict[int, list[float]]:
+        """Each sample's per-response-token KL (0 where its loss mask is 0), by batch index, the same on
+        every rank: whole sequences again under context parallelism, then every data-parallel rank's
+        last stage gathered."""
         import torch.distributed as dist
 
-        found: dict[int, float] = {}
+        from asp_npu.trainer.context_parallel import gather_sequence
+
+        ps = self._ps()
+        span = {s.index: (s.prompt_len - 1, s.length) for s in samples}
+        found: dict[int, list[float]] = {}
         for mb, lp, rf in zip(micro, logps, ref, strict=False):  # empty lists off the last stage
-            rows = sequence_kl(lp, rf, mb["mask"], self.loss_cfg.kl_penalty).tolist()
-            for idx, v in zip(mb["index"].tolist(), rows, strict=True):
-                if idx >= 0:
-                    found[idx] = found.get(idx, 0.0) + v
+            rows = gather_sequence(token_kl(lp, rf, mb["mask"], self.loss_cfg.kl_penalty))
+            for j, idx in enumerate(mb["index"].tolist()):
+                if idx >= 0:  # not a padding row (MoE with data parallelism)
+                    lo, hi = span[idx]
+                    found[idx] = rows[j, lo:hi].tolist()
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, found if self._is_loss_rank() else {})
-        total: dict[int, float] = {}
+        dist.all_gather_object(parts, found if self._is_loss_rank() and ps.get_context_parallel_rank() == 0
+                               else {})
+        total: dict[int, list[float]] = {}
         for p in parts:
-            for idx, v in p.items():
-                total[idx] = total.get(idx, 0.0) + v
+            total.update(p)
         return total
 
     def _loss_metrics(self, sums: dict[str, float], ext: dict[str, float], epochs: int, beta: float,

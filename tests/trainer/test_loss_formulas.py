@@ -318,10 +318,10 @@ def test_kl_in_the_reward_moves_advantages_as_verl_does():
     b = TrainBatch(trajs, 3)
     kl_sums = {0: 0.0, 1: 2.0, 2: 4.0}
     beta = 0.1
-    adv = batch_advantages(b, True, {i: beta * v for i, v in kl_sums.items()})
+    adv = batch_advantages(b, penalties={i: [0.0, beta * v] for i, v in kl_sums.items()})  # per token
     shaped = [1.0, 0.8, 0.6]
     std = np.std(shaped, ddof=1)
-    assert adv.tolist() == pytest.approx([(x - 0.8) / (std + 1e-6) for x in shaped])
+    assert adv == pytest.approx([(x - 0.8) / (std + 1e-6) for x in shaped])
     # the equal raw rewards carry signal once the KL is in them; a KL-in-reward loss has no KL term
     logp = _t([[-1.0, -1.0]], grad=True)
     loss, stats = policy_loss(logp, logp.detach(), logp.detach(), _t([[0.0, 0.0]]), torch.ones(1, 2),
