@@ -58,6 +58,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{ROLLOUT}.tensor_model_parallel_size": 2,
     f"{ROLLOUT}.gpu_memory_utilization": 0.5,
     f"{ROLLOUT}.max_num_seqs": 256,
+    f"{ROLLOUT}.dtype": "bfloat16",
     "data.train_batch_size": 1024,
     "data.max_prompt_length": 512,
     "data.max_response_length": 512,
@@ -330,8 +331,9 @@ def _loss_and_sampling(v: VerlImport) -> None:
             v.tr.mapped.append(f"{ROLLOUT}.val_kwargs.top_k")
     sampling = {k: v.get(f"{ROLLOUT}.{k}") for k in ("top_p", "top_k", "min_p")}
     ic.truncation_defaults(v.tr, {k: x for k, x in sampling.items() if x is not None}, ROLLOUT, "verl")
-    if f"{ROLLOUT}.dtype" in v.keys:
-        v.put(f"{ROLLOUT}.dtype", "model.dtype", str(v.get(f"{ROLLOUT}.dtype")))
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(v.get(f"{ROLLOUT}.dtype")),
+                                                                           str(v.get(f"{ROLLOUT}.dtype")))
+    v.put(f"{ROLLOUT}.dtype", "model.dtype", dtype)  # verl: bf16 rollout, bf16 FSDP compute
 
 
 def _convert(key: str, value: Any, kind: type) -> Any:
@@ -548,20 +550,70 @@ def _place(v: VerlImport, card: str | None, mode: str) -> None:
         v.tr.notes.append(f"layout: {total} devices; the model's architecture is unknown here, so the split is "
                           "left at asp-npu's defaults: run asp-npu check --suggest on the cluster")
         return
+    _fsdp(v, mode)
     card_name = card or ic.card_from_name(str(v.source)) or "910b"
     key = "ppo_max_token_len_per_gpu" if base.actor_config.use_dynamic_bsz else "micro_batch_size"
-    first = size = int(getattr(base.actor_config, key))
-    while True:  # micro-batches are summed into one step: their size changes memory and speed, not the result
+    first = int(getattr(base.actor_config, key))
+    floor = base.rl_config.max_prompt_length + base.generate_config.sampling_config.max_tokens
+    tried: list[ic.Translation] = []
+    for tp, pp, size, offload in _candidates(first, mode in COLOCATED_MODES, total,
+                                             floor if key != "micro_batch_size" else 1):
         trial = copy.deepcopy(v.tr)
-        trial.out.setdefault("actor_config", {})[key] = size
-        ic._choose_layout(ic._as_config(trial.out), total, card_name, mode, trial)
-        if trial.fits or size <= 1:
+        tried.append(trial)
+        act = trial.out.setdefault("actor_config", {})
+        act[key] = size
+        if mode in COLOCATED_MODES:  # the layout search picks TP/PP itself in a disaggregated mode
+            act.update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=tp > 1)
+            if offload:  # host memory while the engines generate: speed, never the result
+                act.update(offload_train_param=True, offload_train_grad=True, offload_train_optimizer=True)
+        ic._choose_layout(_fit_config(trial.out), total, card_name, mode, trial)
+        if trial.fits:
             break
-        size //= 2
+    else:  # nothing fits: the file's own sizes, and `asp-npu check` says what does not fit
+        trial = tried[0]
     v.tr.__dict__.update(trial.__dict__)
-    if size != first:
+    size = int(v.tr.out["actor_config"][key])
+    if size != first:  # micro-batches are summed into one step: their size changes memory and speed only
         v.tr.notes.append(f"actor_config.{key} {first} -> {size}: verl's micro-batch does not fit asp-npu's "
                           f"trainer on {total} devices; micro-batches are summed, so the trained result is the same")
+
+
+def _fit_config(out: dict[str, Any]) -> Any:
+    """The translated config as `asp-npu check` sees it on the cluster: the data files live there, and a run
+    length the file could not give (total_epochs without the data) does not bound the warm-up."""
+    cfg = ic._as_config(out)
+    cfg.data.val_files, cfg.trainer.test_freq = "", 0
+    if "train_iters" not in out.get("trainer", {}):
+        cfg.trainer.train_iters = 10**6
+    return cfg
+
+
+def _candidates(first: int, colocated: bool, total: int, floor: int) -> list[tuple[int, int, int, bool]]:
+    """(TP, PP, micro-batch size, offload while generating) to try: without offload first, then the smallest
+    split and the file's micro-batch first; a token budget never below one whole sequence (`floor`)."""
+    sizes = [first] + ([max(floor, 1)] if first > max(floor, 1) else [])
+    splits = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if total % (tp * pp) == 0]
+    splits = splits if colocated else [(1, 1)]
+    order = sorted(splits, key=lambda s: (s[0] * s[1], s[1]))
+    return [(tp, pp, n, off) for off in ((False, True) if colocated else (False,)) for tp, pp in order
+            for n in sizes]
+
+
+def _fsdp(v: VerlImport, mode: str) -> None:
+    """verl's FSDP shards optimizer state over the data-parallel ranks: megatron-core's distributed optimizer
+    does that for asp-npu's trainer; FSDP's offload, in a colocated mode, is the trainer's offload."""
+    act = v.tr.out.setdefault("actor_config", {})
+    act["use_distributed_optimizer"] = True
+    v.tr.notes.append("actor_config.use_distributed_optimizer: verl's FSDP shards the optimizer state over the "
+                      "data-parallel ranks; megatron-core's distributed optimizer does the same")
+    if mode not in COLOCATED_MODES:
+        return
+    for leaf, ours in (("param_offload", "offload_train_param"), ("optimizer_offload", "offload_train_optimizer")):
+        key = f"{ACTOR}.fsdp_config.{leaf}"
+        if v.keys.get(key):
+            act[ours] = True
+            v.tr.unmapped = [(k, why) for k, why in v.tr.unmapped if k != key]
+            v.tr.mapped.append(key)
 
 
 def render_verl_yaml(tr: ic.Translation, source: Path) -> str:
