@@ -335,7 +335,11 @@ def check_verl(raw: Any, source: Path) -> dict[str, Any]:
         raise UserError(f"{source}: {unknown[0]}: not a verl section ({', '.join(VERL_SECTIONS[:-1])})")
     merged = {**VERL_DEFAULTS, **{k: v for k, v in keys.items() if v is not None}}
     for key, (refused, why) in REFUSED.items():
-        if key in merged and refused(merged[key]):
+        try:
+            stop = key in merged and refused(merged[key])
+        except (TypeError, ValueError):
+            raise UserError(f"{source}: {key}: unexpected value {merged[key]!r}") from None
+        if stop:
             raise UserError(f"{source}: cannot import: {key}={merged[key]!r}: {why}")
     if str(merged.get("critic.enable", "")).lower() == "true":
         raise UserError(f"{source}: cannot import: critic.enable: PPO with a critic is not supported")
@@ -346,17 +350,15 @@ def translate_verl(raw: Any, source: Path, card: str | None = None, mode: str = 
     """A verl config (parsed YAML) -> Translation (our overrides + ledger); UserError for an unknown key or
     one asp-npu cannot run (one line)."""
     v = VerlImport(check_verl(raw, source), source)
-    _batches(v)
-    _kl(v)
-    _loss_and_sampling(v)
-    _dapo(v)
-    _reward_and_optim(v)
-    _data_and_trainer(v)
-    _rest(v)
-    v.tr.unmapped += v.review
-    _model(v)
-    v.tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
-    _place(v, card, mode)
+    try:
+        for step in (_batches, _kl, _loss_and_sampling, _dapo, _reward_and_optim, _data_and_trainer, _rest):
+            step(v)
+        v.tr.unmapped += v.review
+        _model(v)
+        v.tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
+        _place(v, card, mode)
+    except UserError as exc:  # every line names the file
+        raise UserError(str(exc) if str(exc).startswith(str(source)) else f"{source}: {exc}") from None
     return v.tr
 
 
@@ -611,13 +613,11 @@ def _data_and_trainer(v: VerlImport) -> None:
         files = files[0]
     if files is not None:
         v.put("data.train_files", "data.data_path", str(files))
-    if v.get("data.val_files") is not None:
-        val = v.get("data.val_files")
-        v.put(
-            "data.val_files",
-            "data.val_files",
-            str(val[0] if isinstance(val, list) and len(val) == 1 else val),
-        )
+    val = v.get("data.val_files")
+    if isinstance(val, list) and len(val) != 1:
+        raise UserError(f"{v.source}: cannot import: data.val_files: {len(val)} files; asp-npu reads one")
+    if val is not None:
+        v.put("data.val_files", "data.val_files", str(val[0] if isinstance(val, list) else val))
     for key, ours, kind in (
         ("data.prompt_key", "data.prompt_key", str),
         ("data.seed", "data.seed", int),

@@ -145,6 +145,18 @@ def test_verl_filter_metrics(tmp_path: Path, metric: str, ours: str) -> None:
             {"algorithm.adv_estimator": "grpo", "algorithm.filter_groups.metric": "pred"},
             "algorithm.filter_groups.metric=pred: asp-npu filters on",
         ),
+        (
+            {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": "five"},
+            "actor_rollout_ref.rollout.n: expected an integer, got 'five'",
+        ),
+        (
+            {"algorithm.adv_estimator": "grpo", "trainer.critic_warmup": "abc"},
+            "trainer.critic_warmup: unexpected value",
+        ),
+        (
+            {"algorithm.adv_estimator": "grpo", "data.val_files": ["a.parquet", "b.parquet"]},
+            "data.val_files: 2 files; asp-npu reads one",
+        ),
         ({"rl_config": {"mode": "asp"}, "trainer": {"nnodes": 1}}, "rl_config: not a verl section"),
     ],
 )
