@@ -638,8 +638,10 @@ def _data_and_trainer(v: VerlImport) -> None:
             v.put(key, ours, value)
     _train_iters(v)
     _loggers(v)
+    from asp_npu.device import DEVICE_SETTINGS
+
     device = str(v.get("trainer.device"))
-    v.put("trainer.device", "trainer.device", device if device in ("npu", "cuda", "cpu") else "auto")
+    v.put("trainer.device", "trainer.device", device if device in DEVICE_SETTINGS else "auto")
 
 
 def _train_iters(v: VerlImport) -> None:
