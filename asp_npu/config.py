@@ -103,6 +103,8 @@ class DataConfig(Section):
 class SamplingConfig(Section):
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # sample among the k most likely tokens (-1 or 0: all; vLLM SamplingParams.top_k)
+    min_p: float = 0.0  # drop tokens below min_p x the most likely token's probability (0: none)
     max_tokens: int = 256
     logprobs: int = 0
 
@@ -240,6 +242,10 @@ class RLConfig(Section):
     # at most (filter_groups_max_batches - 1) x global batch x train_iters groups per run (<= 0: no cap;
     #   verl and MindSpeed-RL write -1)
     filter_groups_max_batches: int = 10
+    # what "all equal" is judged on (asp_npu.data.shaping): reward = the final reward, after the
+    # overlong penalty (verl seq_reward) | score = the verifiers' weighted sum before it (verl acc /
+    # score) | a name in reward.verifier_function = that verifier's own score (MindSpeed-RL acc_for_dapo)
+    filter_groups_metric: str = "reward"
     # DAPO overlong reward shaping: a response longer than max_tokens - overlong_buffer loses
     # (length - (max_tokens - overlong_buffer)) / overlong_buffer x overlong_buffer_penalty_factor
     overlong_buffer_enable: bool = False
@@ -351,18 +357,29 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
 
 # ------------------------------------------------------------------ the loss (rl_config keys)
 def loss_problems(cfg: Config) -> list[str]:
-    """Loss settings that cannot run as given: verl's dual clip needs c > 1; nucleus sampling with the
-    off-policy correction on would mis-weight every token."""
-    rl, top_p = cfg.rl_config, cfg.generate_config.sampling_config.top_p
+    """Loss settings that cannot run as given: verl's dual clip needs c > 1; truncated sampling (top_p < 1,
+    top_k, min_p) with the off-policy correction on would mis-weight every token."""
+    rl = cfg.rl_config
     out = []
     if 0 < rl.clip_ratio_c <= 1:
         out.append(f"rl_config.clip_ratio_c: must be > 1 (dual clip) or 0 (off) (got {rl.clip_ratio_c})")
-    if top_p < 1 and rl.importance_cap > 0:
-        out.append(f"generate_config.sampling_config.top_p: {top_p} < 1 with rl_config.importance_cap > 0: "
-                   "the rollout's logprobs are of the nucleus-truncated distribution and the trainer's are "
-                   "not, so every token would get an importance weight below 1; set top_p 1 or "
-                   "importance_cap 0")
+    if rl.importance_cap > 0:
+        out += truncation_problems(cfg.generate_config.sampling_config)
     return out
+
+
+def truncation_problems(sc: SamplingConfig) -> list[str]:
+    """Sampling that truncates the distribution, refused with the importance correction on: vLLM's
+    processed logprobs (the behaviour policy the rollout records) are those of the distribution after
+    top_k, top_p and min_p dropped tokens and renormalised the rest, the trainer's are of the whole one, so
+    pi_prox / pi_b carries the factor Z = the kept mass <= 1 on every token: every weight is biased below 1
+    by how much was cut, not by how far the policies moved."""
+    cuts = [(f"top_p: {sc.top_p} < 1", sc.top_p < 1), (f"top_k: {sc.top_k} > 0", sc.top_k > 0),
+            (f"min_p: {sc.min_p} > 0", sc.min_p > 0)]
+    return [f"generate_config.sampling_config.{what} with rl_config.importance_cap > 0: the rollout's "
+            "logprobs are of the truncated, renormalised distribution and the trainer's are not, so every "
+            "token would get an importance weight below 1; sample from the whole distribution or set "
+            "importance_cap 0" for what, on in cuts if on]
 
 
 # Allowed range of each numeric field: "section.key" -> (low, high, low_exclusive, high_exclusive); None =
@@ -385,6 +402,8 @@ NUMERIC_RANGES: dict[str, Range] = {
     "generate_config.kv_cache_gib": POSITIVE,
     "generate_config.gpu_memory_utilization": FRACTION,
     "generate_config.sampling_config.top_p": FRACTION,
+    "generate_config.sampling_config.top_k": (-1, None, False, False),  # -1 / 0: off (vLLM)
+    "generate_config.sampling_config.min_p": (0, 1, False, False),
     "generate_config.sampling_config.max_tokens": AT_LEAST_1,
     "actor_config.tensor_model_parallel_size": AT_LEAST_1,
     "actor_config.pipeline_model_parallel_size": AT_LEAST_1,
@@ -579,11 +598,28 @@ def data_problems(cfg: Config) -> list[str]:
     if rl.drop_equal_reward_groups and rl.n_samples_per_prompt < 2:
         out.append("rl_config.drop_equal_reward_groups: a group of one sample always has equal rewards "
                    "(set n_samples_per_prompt >= 2)")
+    out += filter_metric_problems(cfg)
     max_tokens = cfg.generate_config.sampling_config.max_tokens
     if rl.overlong_buffer_enable and not 0 < rl.overlong_buffer < max_tokens:
         out.append(f"rl_config.overlong_buffer: must be in (0, max_tokens={max_tokens}) when "
                    f"overlong_buffer_enable (got {rl.overlong_buffer})")
     return out
+
+
+def filter_metric_problems(cfg: Config) -> list[str]:
+    """`rl_config.filter_groups_metric`: reward, score, or a verifier the reward sums (its score is recorded
+    per trajectory only then); checked where dynamic sampling is on, as MindSpeed-RL checks it."""
+    from asp_npu.data.rewards import verifier_names
+    from asp_npu.data.shaping import FILTER_METRICS
+
+    metric = cfg.rl_config.filter_groups_metric
+    if metric in FILTER_METRICS or not cfg.rl_config.drop_equal_reward_groups:
+        return []
+    names = verifier_names(cfg.reward.verifier_function, cfg.reward.custom_function)
+    if metric in names:
+        return []
+    return [f"rl_config.filter_groups_metric: '{metric}' is not {' | '.join(FILTER_METRICS)} nor a verifier "
+            f"in reward.verifier_function {names}"]
 
 
 def _load_megatron_problems(cfg: Config) -> list[str]:

@@ -55,6 +55,8 @@ class Trajectory:
     # (first = policy_version; empty = all tokens policy_version); see `token_versions`
     version_changes: list[list[int]] = field(default_factory=list)
     reward_failures: int = 0  # verifier calls of its reward that timed out or failed (each scored 0)
+    # each verifier's own (unweighted) score (the reward is their weighted sum; DAPO's filter metric)
+    scores: dict[str, float] = field(default_factory=dict)
     # per response token, 1 = the model's own token (trained), 0 = not trained (a tool's output in a
     # multi-turn trajectory); empty = every response token is the model's
     loss_mask: list[int] = field(default_factory=list)

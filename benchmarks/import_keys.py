@@ -1,6 +1,8 @@
-"""What `asp-npu import-config mindspeed-rl` does with every key of MindSpeed-RL's shipped RL configs.
+"""What `asp-npu import-config mindspeed-rl|verl` does with every key of MindSpeed-RL's shipped RL configs
+(or of verl configs / example override sets written as YAML, with `--source verl`).
 
     python benchmarks/import_keys.py PATH/TO/MindSpeed-RL/configs [--show-review]
+    python benchmarks/import_keys.py tests/fixtures/verl --source verl [--show-review]
 
 One Markdown row per `grpo_*` / `dapo_*` / `ppo_*` file: keys mapped onto asp-npu keys, keys left unmapped
 because they have no effect on the trained result (a kernel or dispatch switch, a logger, a
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from asp_npu.deploy import import_config as ic
+from asp_npu.deploy import import_verl as iv
 from asp_npu.errors import UserError
 
 # reasons (by their opening words) for keys that do not change what is trained
@@ -29,6 +32,8 @@ NO_EFFECT = (
     "asp-npu sizes training sequences", "asp-npu checkpoints always hold", "asp-npu seeds sampling from",
     "loss scaling is for fp16", "vllm-ascend torchair graph mode", "vLLM V1 has no multi-step",
     "asp-npu always enables vLLM prefix caching", "asp-npu always clips with clip_ratio_low",
+    # verl's (asp_npu.deploy.import_verl)
+    *set(iv.NO_EFFECT.values()), "no effect: that KL term is off", "no effect: a Hydra target class",
 )
 # transport, placement and memory switches whose reason is the generic fallback
 NO_EFFECT_KEYS = ("zmq_communication", "hccl_buffersize", "ascend_scheduler_config_enabled",
@@ -41,13 +46,14 @@ def classify(key: str, reason: str) -> str:
     return "no effect" if quiet else "review"
 
 
-def ledger(path: Path) -> tuple[str, int, list[str], list[str]]:
+def ledger(path: Path, source: str = "mindspeed-rl") -> tuple[str, int, list[str], list[str]]:
     """(refusal or '', mapped count, unmapped without effect, unmapped to review) of one file."""
     from omegaconf import OmegaConf
 
     ms = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    translate = iv.translate_verl if source == "verl" else ic.translate
     try:
-        tr = ic.translate(ms, path, mode="mindspeed-sync")  # no layout search: the keys are the same
+        tr = translate(ms, path, mode="mindspeed-sync")  # no layout search: the keys are the same
     except UserError as exc:
         return str(exc), 0, [], []
     quiet = [k for k, why in tr.unmapped if classify(k, why) == "no effect"]
@@ -59,13 +65,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--show-review", action="store_true", help="list each key to review under the table")
+    ap.add_argument("--source", choices=["mindspeed-rl", "verl"], default="mindspeed-rl")
     args = ap.parse_args()
-    files = sorted(p for p in args.folder.glob("*.yaml") if p.name.split("_")[0] in ("grpo", "dapo", "ppo"))
+    files = sorted(p for p in args.folder.glob("*.yaml")
+                   if args.source == "verl" or p.name.split("_")[0] in ("grpo", "dapo", "ppo"))
     print("| config | mapped | unmapped, no effect | unmapped, to review | refused |")
     print("|---|---|---|---|---|")
     reviews: list[str] = []
     for f in files:
-        refused, mapped, quiet, review = ledger(f)
+        refused, mapped, quiet, review = ledger(f, args.source)
         if refused:
             print(f"| {f.name} | - | - | - | {refused} |")
             continue

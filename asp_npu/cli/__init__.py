@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-hf": ("asp_npu.cli.export_hf", "write a trainer checkpoint as a Hugging Face model folder"),
     "train": ("asp_npu.cli.train", "GRPO training with the ASP asynchronous pipeline"),
     "check": ("asp_npu.cli.check", "validate a config against a cluster without touching hardware"),
-    "import-config": ("asp_npu.cli.import_config", "translate a MindSpeed-RL GRPO config into ours"),
+    "import-config": ("asp_npu.cli.import_config", "translate a MindSpeed-RL or verl GRPO config into ours"),
     "report": ("asp_npu.cli.report", "redraw the one-page report of a run directory"),
     "config-reference": ("asp_npu.cli.config_reference", "every config key, default, range, MindSpeed name"),
 }

@@ -1,5 +1,5 @@
-"""`asp-npu import-config mindspeed-rl FILE.yaml --out ours.yaml`: translate a MindSpeed-RL GRPO
-config into an asp-npu config (how: asp_npu/deploy/import_config.py)."""
+"""`asp-npu import-config mindspeed-rl|verl FILE.yaml --out ours.yaml`: translate a MindSpeed-RL or verl
+GRPO config into an asp-npu config (how: asp_npu/deploy/import_config.py, import_verl.py)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def _ours(ms: dict[Any, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = command_parser("import-config", "translate a MindSpeed-RL GRPO config into an asp-npu config")
-    p.add_argument("source", choices=["mindspeed-rl"], help="the config's origin")
-    p.add_argument("file", help="MindSpeed-RL YAML (e.g. configs/grpo_qwen25_7b_A3.yaml)")
+    p = command_parser("import-config", "translate a MindSpeed-RL or verl GRPO config into an asp-npu config")
+    p.add_argument("source", choices=["mindspeed-rl", "verl"], help="the config's origin")
+    p.add_argument("file", help="MindSpeed-RL YAML (e.g. configs/grpo_qwen25_7b_A3.yaml), or verl YAML: its "
+                   "ppo_trainer.yaml shape or an example's overrides (nested or dotted keys)")
     p.add_argument("--out", required=True, help="where to write the asp-npu YAML")
     p.add_argument(
         "--card", default=None, help="910b | 910b4 | a2 | a3 (default: from the file name, else 910b)"
@@ -49,6 +50,8 @@ def main(argv: list[str]) -> int:
         raise UserError(yaml_problem(src, exc)) from None
     except Exception as exc:  # noqa: BLE001 - OmegaConf's refusals of odd YAML
         raise UserError(f"{src}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+    if args.source == "verl":
+        return _verl(ms, src, args)
     if not isinstance(ms, dict):
         raise UserError(f"{src}: expected a MindSpeed-RL config (a YAML mapping), got {type(ms).__name__}")
     ours = _ours(ms)
@@ -62,13 +65,32 @@ def main(argv: list[str]) -> int:
             raise UserError(str(exc.args[0])) from None
     check_output(args.out, [("file", src), ("model folder", src.parent / "model")])
     tr = translate({str(k): v for k, v in ms.items()}, src, args.card, args.mode)
-    text = render_yaml(tr, src)
-    atomic_write(args.out, text)
-    load_config(args.out, check=False)  # what we wrote must load
-    print(f"wrote {args.out}: mapped {len(set(tr.mapped))} key(s), could not map {len(tr.unmapped)}")
+    _write(render_yaml(tr, src), tr, args.out)
+    return 0
+
+
+def _verl(raw: Any, src: Any, args: Any) -> int:
+    """`import-config verl`: asp_npu/deploy/import_verl.py."""
+    from asp_npu.deploy.import_verl import render_verl_yaml, translate_verl
+
+    if args.card is not None:
+        try:
+            card_for(args.card)
+        except KeyError as exc:
+            raise UserError(str(exc.args[0])) from None
+    check_output(args.out, [("file", src)])
+    tr = translate_verl(raw, src, args.card, args.mode)
+    _write(render_verl_yaml(tr, src), tr, args.out)
+    return 0
+
+
+def _write(text: str, tr: Any, out: str) -> None:
+    """Write the translation, check that it loads, print the ledger."""
+    atomic_write(out, text)
+    load_config(out, check=False)  # what we wrote must load
+    print(f"wrote {out}: mapped {len(set(tr.mapped))} key(s), could not map {len(tr.unmapped)}")
     for n in tr.notes:
         print(f"note: {n}")
     for k, why in tr.unmapped:
         print(f"not mapped: {k}: {why}")
-    print(f"next: asp-npu check --config {args.out}")
-    return 0
+    print(f"next: asp-npu check --config {out}")

@@ -151,6 +151,11 @@ VERIFIERS: dict[str, RewardFn] = {**MINDSPEED_VERIFIERS, **VERL_SCORES}
 VERIFIER_NAMES = (AUTO, CUSTOM, *VERIFIERS)
 
 
+def verifier_names(verifier_function: Any, custom_function: str) -> list[str]:
+    """The verifiers a reward sums: `reward.verifier_function`, else `custom` or `auto`."""
+    return list(verifier_function) or [CUSTOM if custom_function else AUTO]
+
+
 @dataclass(frozen=True)
 class RewardSpec:
     """How a rollout instance scores a sample (built from the config's `reward` section)."""
@@ -164,7 +169,7 @@ class RewardSpec:
 
     def terms(self) -> list[tuple[str, float]]:
         """(verifier name, weight) pairs of the sum."""
-        names = self.verifier_function or ((CUSTOM,) if self.custom_function else (AUTO,))
+        names = verifier_names(self.verifier_function, self.custom_function)
         weights = self.verifier_weight or (1.0,) * len(names)
         return list(zip(names, (float(w) for w in weights), strict=True))
 

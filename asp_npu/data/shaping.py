@@ -16,11 +16,21 @@ generated so every minibatch keeps `mini_batch_size` samples. `filter_groups_max
 generation: a run filters at most `(max_batches - 1) x global batch x train_iters` groups (verl's cap is
 per training batch; summed over the run it is the same number of generation batches). Past the cap,
 equal-reward groups are trained (zero advantage), so a run never stalls on a task it cannot learn.
+
+What "all equal" is judged on (`rl_config.filter_groups_metric`):
+- `reward` (default): the final reward the advantages use, after the overlong penalty (verl `seq_reward`).
+  A group of right answers of different lengths past the buffer differs, and is trained.
+- `score`: the verifiers' weighted sum before the overlong penalty (verl `score`, and verl `acc`, which
+  for its rule scores is the same verdict: `math_dapo`'s acc is its +-1 score's right/wrong). The same
+  group of right answers is filtered: it carries only the length signal.
+- a verifier's name from `reward.verifier_function`: that verifier's own (unweighted) score, recorded per
+  trajectory where the reward is computed (`Trajectory.scores`), as MindSpeed-RL's `filter_groups_metric:
+  acc_for_dapo` filters on `acc_for_dapo` alone while the reward may also sum format verifiers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -30,6 +40,7 @@ class DapoShaping:
 
     filter_groups: bool = False
     filter_budget: int | None = None  # groups a run may filter (None: no cap)
+    filter_metric: str = "reward"  # reward | score | a verifier's name (module docstring)
     overlong: bool = False
     max_tokens: int = 0
     overlong_buffer: int = 0
@@ -57,6 +68,21 @@ def equal_rewards(rewards: Sequence[float]) -> bool:
     return len({float(r) for r in rewards}) <= 1
 
 
+REWARD, SCORE = "reward", "score"
+FILTER_METRICS = (REWARD, SCORE)  # besides the name of a verifier the reward sums
+
+
+def filter_values(metric: str, shaped: Sequence[float], unshaped: Sequence[float],
+                  scores: Sequence[Mapping[str, float]]) -> list[float]:
+    """A group's values of the filter metric: the shaped rewards, the unshaped ones, or each sample's
+    score from the verifier `metric` (a sample without it: KeyError, the config check prevents it)."""
+    if metric == REWARD:
+        return [float(r) for r in shaped]
+    if metric == SCORE:
+        return [float(r) for r in unshaped]
+    return [float(s[metric]) for s in scores]
+
+
 def filter_budget(max_batches: int, window: int, iterations: int) -> int | None:
     """Groups a run may filter: `(max_batches - 1) x window x iterations`; None when `max_batches <= 0`."""
     return None if max_batches <= 0 else (max_batches - 1) * window * iterations
@@ -68,6 +94,7 @@ def dapo_shaping(cfg: object, window: int, iterations: int) -> DapoShaping:
     return DapoShaping(
         filter_groups=bool(rl.drop_equal_reward_groups),
         filter_budget=filter_budget(rl.filter_groups_max_batches, window, iterations),
+        filter_metric=str(rl.filter_groups_metric),
         overlong=bool(rl.overlong_buffer_enable),
         max_tokens=cfg.generate_config.sampling_config.max_tokens,  # type: ignore[attr-defined]
         overlong_buffer=rl.overlong_buffer, penalty_factor=rl.overlong_buffer_penalty_factor)

@@ -283,8 +283,8 @@ _RL_REASONS = {
         _REWARD,
     ),
     **dict.fromkeys(
-        ("filter_groups_metric", "filter_groups_train_batch_size"),
-        "asp-npu's dynamic sampling (drop_equal_reward_groups) filters groups whose final rewards are all "
+        ("filter_groups_train_batch_size",),
+        "asp-npu's dynamic sampling (drop_equal_reward_groups) filters groups whose filter metric is all "
         "equal and refills every minibatch to mini_batch_size",
     ),
     "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
@@ -320,8 +320,6 @@ _IMPLIED_DEFAULTS = {  # MindSpeed-RL key -> value that equals asp-npu's fixed b
     "megatron_training.attention_mask_type": "causal",
     "actor_config.attention_mask_type": "causal",
     "generate_config.infer_pipeline_parallel_size": 1,
-    "generate_config.sampling_config.top_k": -1,
-    "generate_config.sampling_config.min_p": 0,
     "generate_config.sampling_config.detokenize": False,
     "rl_config.blocking": True,
     "rl_config.use_integrated_worker": True,
@@ -482,7 +480,7 @@ _TRAINING_SECTIONS = ("megatron_training", "actor_config")
 _RL_SAME_NAME = ("n_samples_per_prompt", "adv_estimator", "kl_penalty", "max_prompt_length")
 _DAPO_SAME_NAME = ("overlong_buffer_enable", "overlong_buffer", "overlong_buffer_penalty_factor",
                    "filter_groups_max_batches")
-_SAMPLING_SAME_NAME = ("temperature", "top_p", "max_tokens")
+_SAMPLING_SAME_NAME = ("temperature", "top_p", "max_tokens", "top_k", "min_p")
 _GEN_SAME_NAME = ("infer_tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
                   "gpu_memory_utilization", "max_model_len", "enforce_eager")
 
@@ -625,6 +623,8 @@ def _rl_batch_key(tr: Translation, key: str, value: Any) -> bool:
         tr.set(key, key, _as_float(key, value))
     elif key == "rl_config.filter_groups_enable":
         tr.set(key, "rl_config.drop_equal_reward_groups", bool(value))
+    elif key == "rl_config.filter_groups_metric":  # a verifier's name: its own score decides (as there)
+        tr.set(key, key, str(value))
     elif leaf in _DAPO_SAME_NAME:
         tr.set(key, f"rl_config.{leaf}", value)
     else:
@@ -661,6 +661,21 @@ def _reward_defaults(ms: dict[str, Any], tr: Translation) -> None:
         tr.out.setdefault("reward", {})["verifier_function"] = ["base_acc"]
         tr.notes.append("reward.verifier_function: [base_acc], MindSpeed-RL's default (the config "
                         "names none)")
+
+
+def _filter_metric_default(ms: dict[str, Any], tr: Translation) -> None:
+    """Dynamic sampling without `filter_groups_metric` filters on MindSpeed-RL's default, the `acc`
+    verifier's score; MindSpeed-RL refuses a config whose verifiers lack it, asp-npu keeps its reward."""
+    rl = ms.get("rl_config") or {}
+    if not rl.get("filter_groups_enable") or rl.get("filter_groups_metric") is not None:
+        return
+    if "acc" in tr.out.get("reward", {}).get("verifier_function", []):
+        tr.out["rl_config"]["filter_groups_metric"] = "acc"
+        tr.notes.append("rl_config.filter_groups_metric: acc, MindSpeed-RL's default (the file names none)")
+    else:
+        tr.notes.append("rl_config.filter_groups_metric: not in the file, and MindSpeed-RL's default 'acc' "
+                        "is not one of its verifiers (MindSpeed-RL refuses that); asp-npu filters on the "
+                        "reward")
 
 
 def translate_verl_reward(cfg: dict[str, Any]) -> Translation:
@@ -1060,6 +1075,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         raise UserError(f"{source}: {exc}") from None
     _optimizer_defaults(ms, tr)
     _reward_defaults(ms, tr)
+    _filter_metric_default(ms, tr)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = _find_arch(names, source, tr)
     try:
@@ -1074,6 +1090,8 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
         )
     tr.out.setdefault("rl_config", {}).setdefault("max_lag", 0 if mode in COLOCATED_MODES else 2)
     _loss_defaults(ms, tr, source)
+    truncation_defaults(tr, (ms.get("generate_config", {}) or {}).get("sampling_config", {}) or {},
+                        "generate_config.sampling_config", "MindSpeed-RL", cuts=("top_k", "min_p"))
     _rollout_memory(ms, tr, source, mode)
     if num_npus:
         _layout(ms, tr, source, card, mode, num_npus)
@@ -1179,6 +1197,21 @@ def _loss_defaults(ms: dict[str, Any], tr: Translation, source: Path) -> None:
         tr.out["rl_config"]["importance_cap"] = 0.0
         tr.notes.append(f"rl_config.importance_cap 0: top_p {sampling['top_p']} < 1 makes the rollout's "
                         "logprobs those of the truncated distribution; MindSpeed-RL recomputes them with the "
+                        "trainer and has no behaviour-policy correction")
+
+
+def truncation_defaults(tr: Translation, sampling: dict[str, Any], prefix: str, peer: str,
+                        cuts: tuple[str, ...] = ("top_p", "top_k", "min_p")) -> None:
+    """Truncated sampling (top_p < 1, top_k > 0, min_p > 0): the rollout's logprobs are those of the
+    truncated distribution (`config.truncation_problems`); the peer recomputes old logprobs with its
+    trainer and has no behaviour-policy correction, so neither has the import (importance_cap 0)."""
+    active = {"top_p": lambda v: v < 1, "top_k": lambda v: v > 0, "min_p": lambda v: v > 0}
+    on = [f"{k} {sampling[k]}" for k in cuts if sampling.get(k) is not None
+          and active[k](_as_float(f"{prefix}.{k}", sampling[k]))]
+    if on:
+        tr.out.setdefault("rl_config", {})["importance_cap"] = 0.0
+        tr.notes.append(f"rl_config.importance_cap 0: {', '.join(on)} truncate the sampled distribution, so "
+                        f"the rollout's logprobs are of the truncated one; {peer} recomputes them with the "
                         "trainer and has no behaviour-policy correction")
 
 

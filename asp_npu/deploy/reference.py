@@ -79,10 +79,9 @@ def _mindspeed_names() -> dict[str, str]:
     names = {ours: f"`{theirs}`" for theirs, ours in ic._DIRECT.items()}
     same = (("_RL_SAME_NAME", "rl_config"), ("_SAMPLING_SAME_NAME", "generate_config.sampling_config"),
             ("_GEN_SAME_NAME", "generate_config"))
-    for attr, section in same:
-        src = "rl_config" if section == "rl_config" else "generate_config"
+    for attr, section in same:  # the same section path there (sampling_config included)
         for key in getattr(ic, attr, ()):
-            names.setdefault(f"{section}.{key}", f"`{src}.{key}`")
+            names.setdefault(f"{section}.{key}", f"`{section}.{key}`")
     return names
 
 

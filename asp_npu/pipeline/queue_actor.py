@@ -12,9 +12,10 @@ ledger of consumed group ids (handout order); `snapshot`/`restore` carry it and 
 (payloads: trajectories with versions and behaviour logprobs) across a checkpoint.
 
 DAPO (`asp_npu.data.shaping`): a put group's rewards get the overlong penalty first; then, with dynamic
-sampling, a group whose rewards are all equal is discarded (consumed without training, its id in the
-`filtered_ids` ledger, its arrival marked `filtered`) while the run's filter budget lasts, so the
-controller plans replacement prompts and every minibatch stays whole.
+sampling, a group whose filter metric (`rl_config.filter_groups_metric`) is all equal is discarded
+(consumed without training, its id in the `filtered_ids` ledger, its arrival marked `filtered`) while
+the run's filter budget lasts, so the controller plans replacement prompts and every minibatch stays
+whole.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from asp_npu.core.records import Arrival, Minibatch
 from asp_npu.core.staleness import reconcile_stamp
 from asp_npu.core.train_queue import QueuedGroup, TrainQueue
-from asp_npu.data.shaping import DapoShaping, equal_rewards, shaped_rewards
+from asp_npu.data.shaping import DapoShaping, equal_rewards, filter_values, shaped_rewards
 from asp_npu.types import Trajectory
 
 WARMUP_PREFIX = "__warmup__"
@@ -162,13 +163,16 @@ class QueueService:
         return len(self.arrivals)
 
     def _shape(self, group: list[Trajectory]) -> bool:
-        """Add the overlong penalty to the group's rewards; True when dynamic sampling filters it."""
+        """Add the overlong penalty to the group's rewards; True when dynamic sampling filters it (all
+        values of `shaping.filter_metric` equal, within the run's filter budget)."""
         s = self.shaping
-        for x, r in zip(group, shaped_rewards([x.reward for x in group], [x.response_len for x in group], s),
-                        strict=True):
+        unshaped = [x.reward for x in group]
+        for x, r in zip(group, shaped_rewards(unshaped, [x.response_len for x in group], s), strict=True):
             x.reward = r
-        within = s.filter_budget is None or self.queue.filtered < s.filter_budget
-        return s.filter_groups and within and equal_rewards([x.reward for x in group])
+        if not s.filter_groups or (s.filter_budget is not None and self.queue.filtered >= s.filter_budget):
+            return False
+        shaped, scores = [x.reward for x in group], [x.scores for x in group]
+        return equal_rewards(filter_values(s.filter_metric, shaped, unshaped, scores))
 
     async def get_batch(self, timeout: float = 0.0, take: int | None = None) -> Minibatch | None:
         """A complete minibatch of whole groups within the lag bound, waiting up to `timeout` seconds."""

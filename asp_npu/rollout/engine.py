@@ -35,6 +35,8 @@ class SamplingSettings:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # -1 / 0: every token
+    min_p: float = 0.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None  # per-sample seeds are derived from it, prompt_id and sample_idx
@@ -52,6 +54,9 @@ class SamplingSettings:
             raise UserError(
                 f"sampling: need temperature >= 0 and 0 < top_p <= 1 (got {self.temperature}, {self.top_p})"
             )
+        if self.top_k < -1 or not 0 <= self.min_p <= 1:
+            raise UserError(f"sampling: need top_k >= -1 and 0 <= min_p <= 1 (got {self.top_k}, "
+                            f"{self.min_p})")
 
 
 @dataclass

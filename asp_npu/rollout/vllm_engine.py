@@ -10,7 +10,7 @@ sequence through the front-end process nearly halves a core-bound instance's thr
 time matters (calibration).
 
 Behaviour logprobs come from `logprobs_mode="processed_logprobs"`: the log-probability of the
-sampled token under the temperature/top-p processed distribution actually sampled from (vLLM's
+sampled token under the temperature/min-p/top-k/top-p processed distribution actually sampled from (vLLM's
 default ignores temperature), which is what off-policy correction in the loss needs.
 
 A weight_refresh either drains (new sequences wait at a gate, running ones finish on the old
@@ -41,7 +41,7 @@ from typing import Any
 
 from asp_npu.data.datasets import encode_prompt
 from asp_npu.data.init_model import check_model_dir
-from asp_npu.data.rewards import RewardScorer
+from asp_npu.data.rewards import RewardResult, RewardScorer
 from asp_npu.errors import UserError
 from asp_npu.rollout.engine import (
     ActivityLog,
@@ -267,6 +267,8 @@ class VLLMEngine:
             n=1,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),  # vLLM: 0 = every token
+            min_p=sampling.min_p,
             max_tokens=min(sampling.max_tokens, self.max_model_len - len(ids)),
             stop=list(sampling.stop) or None,
             seed=None if sampling.seed is None else sample_seed(sampling.seed, item.prompt_id, idx),
@@ -276,13 +278,13 @@ class VLLMEngine:
             detokenize=sampling.stream or bool(sampling.stop),  # else decoded once at the end
         )
 
-    async def _score(self, item: PromptItem, response: str) -> tuple[float, int]:
-        """(reward, verifier failures) of one response, scored in the instance's verifier pool."""
+    async def _score(self, item: PromptItem, response: str) -> RewardResult:
+        """The reward of one response (and each verifier's score, verifier failures), scored in the
+        instance's verifier pool."""
         if item.ground_truth is None:
-            return 0.0, 0
-        scored = await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
-                                                item.ground_truth, item.meta.get("extra_info"))
-        return scored.value, scored.failures
+            return RewardResult(0.0)
+        return await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
+                                              item.ground_truth, item.meta.get("extra_info"))
 
     async def _sample(
         self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings
@@ -324,7 +326,7 @@ class VLLMEngine:
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
         decoded = params.detokenize
         response = "".join(text) if decoded else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        reward, failures = await self._score(item, response)
+        scored = await self._score(item, response)
         return Trajectory(
             prompt_id=item.prompt_id,
             sample_idx=idx,
@@ -332,8 +334,9 @@ class VLLMEngine:
             response_token_ids=tokens,
             logprobs=logprobs,
             finish_reason=finish,
-            reward=reward,
-            reward_failures=failures,
+            reward=scored.value,
+            reward_failures=scored.failures,
+            scores=dict(scored.parts),
             policy_version=changes[0][1],
             policy_version_last=changes[-1][1],
             version_changes=changes,

@@ -60,6 +60,8 @@ def test_engine_rewards_go_through_the_pool(tiny_model_dir, tmp_path: Path):
                 auto = compute_reward("asp/count", text, item.ground_truth)
                 assert t.reward_failures == failures
                 assert t.reward == pytest.approx(custom_part + 2.0 * auto)
+                # each verifier's own score is recorded with the sample (DAPO's filter metric reads it)
+                assert t.scores == pytest.approx({"custom": custom_part, "auto": auto})
         assert eng.rewards.stats() == {"calls": 12, "timeouts": 2, "errors": 2, "workers_replaced": 2}
     finally:
         eng.shutdown()

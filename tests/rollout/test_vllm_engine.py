@@ -112,6 +112,21 @@ def test_logprobs_match_hf_forward(engine, hf_model, temperature):
             assert np.max(np.abs(ref - np.array(t.logprobs))) < 1e-4
 
 
+@pytest.mark.parametrize("cut", [{"top_k": 1}, {"min_p": 1.0}])
+def test_top_k_and_min_p_reach_vllm_and_truncate_the_behaviour_logprobs(engine, hf_model, cut):
+    """top_k 1 (or min_p 1) at temperature 1 keeps only the most likely token: the samples are the greedy
+    ones and their recorded logprobs are 0 (the truncated, renormalised distribution), while the whole
+    distribution gives them less -- why `config.truncation_problems` refuses the importance correction."""
+    eng, loop = engine
+    item = make_prompts("rle", 1, seed=11)[0]
+    (greedy,) = loop.run(eng.generate(item, SamplingSettings(max_tokens=16, temperature=0.0, seed=5)))
+    (cut_t,) = loop.run(eng.generate(item, SamplingSettings(max_tokens=16, temperature=1.0, seed=5, **cut)))
+    assert cut_t.response_token_ids == greedy.response_token_ids
+    assert np.max(np.abs(np.array(cut_t.logprobs))) < 1e-6
+    whole = hf_logprobs(hf_model, cut_t.prompt_token_ids, cut_t.response_token_ids, 1.0)
+    assert np.all(whole < -1e-3)
+
+
 def test_prompt_too_long_is_one_clear_error_and_engine_keeps_working(engine):
     eng, loop = engine
     long_item = PromptItem("too-long", prompt_token_ids=[40] * 300)
