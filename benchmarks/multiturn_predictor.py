@@ -44,7 +44,8 @@ def main() -> None:
         eff = p.predict_many(tr.prompt_names, np.ones(P))
         lat = truth[0] * step + truth[2]
         print(f"{name}: spearman tokens {sp(est.tokens.mean, truth[0]):.3f} "
-              f"turns {sp(est.turns, truth[1]):.3f} tool wait {sp(est.wait_s, truth[2]):.3f}; planner q90 vs per-prompt mean latency "
+              f"turns {sp(est.turns, truth[1]):.3f} tool wait {sp(est.wait_s, truth[2]):.3f}; "
+              "planner q90 vs per-prompt mean latency "
               f"{sp(eff.q90, lat):.3f} (tokens-only q90: {sp(est.tokens.q90, lat):.3f})")
 
 
