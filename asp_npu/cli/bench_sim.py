@@ -1,5 +1,8 @@
 """`asp-npu bench sim`: every mode on one preset, side by side, with ratios against each baseline.
 
+Multi-turn tool-calling trajectories: a preset whose `workload.multi_turn` sets the trajectory
+generator (`--preset agentic`, `--preset agentic-bimodal`, or `--set workload.multi_turn={...}`).
+
 asp-npu bench sim --preset paper [--trace FILE] [--iterations N] [--modes asp,async-fifo]
                   [--partial-rollout] [--instances 1,2,4,8,16] [--json out.json] [--plot out.png]
                   [--timeline out.json]
@@ -19,7 +22,15 @@ from asp_npu.observe.timeline import write_timeline
 from asp_npu.outputs import check_output, distinct_outputs
 from asp_npu.sim.modes import MODES, partial_allowed
 from asp_npu.sim.preset import load_preset
-from asp_npu.sim.report import partial_table, plot, ratio_table, ratios, sweep_table, table
+from asp_npu.sim.report import (
+    partial_table,
+    plot,
+    ratio_table,
+    ratios,
+    sweep_table,
+    table,
+    trajectory_summary,
+)
 from asp_npu.sim.run import build_workload, run_modes, simulate
 
 
@@ -145,6 +156,8 @@ def _write_json(path: str, preset: Any, workload: Any, runs: dict[str, Any], rat
         "modes": {m: r.metrics for m, r in runs.items()},
         "ratios": rat,
     }
+    if workload.multi_turn:
+        doc["workload"]["multi_turn"] = trajectory_summary(workload)
     if sweep:
         doc["sweep"] = {str(k): v for k, v in sweep.items()}
     atomic_write_json(path, doc, indent=1)
@@ -224,6 +237,8 @@ def main(argv: list[str]) -> int:
     )
     for note in preset.notes:
         print(f"note: {note}")
+    if workload.multi_turn:
+        print("multi-turn: " + ", ".join(f"{k} {v}" for k, v in trajectory_summary(workload).items()))
     print()
     print(table(runs))
     print()

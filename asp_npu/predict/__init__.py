@@ -14,6 +14,11 @@ Public contract (stable)::
     evaluate(trace, epoch, predictor_name) -> dict  # .evaluate: spearman, spearman_samples, mae, coverage_q90
     fitted_predictor(trace, epoch, name) / predict_epoch(trace, epoch, name)     # .evaluate
 
+Multi-turn trajectories -- `asp_npu.predict.trajectory.TrajectoryPredictor(tokens_predictor, step_s)`:
+`observe_trajectories(ids, epochs, total_tokens, turns, wait_s)`, `predict_trajectories(ids, plens)`
+(total tokens, turns, tool-wait seconds per prompt from its history) and `predict_many`, the
+planner's input: decode tokens, with the tool wait in decode steps added to q90.
+
 `history` falls back to the cold-start `prompt-len` predictor for prompts it has never seen; the
 `oracle` is told the true lengths of the epoch it predicts (`OraclePredictor.reveal(...)`).
 """

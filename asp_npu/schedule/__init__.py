@@ -75,6 +75,10 @@ executor and the pipeline controller; the plan's units above are for blocking pe
     j = d.choose(candidates, instance)       # index into the pending ids `instance` should start now
     d.done(group_id)                         # finished or cancelled
 
+Multi-turn trajectories are planned as samples: their "length" is the predicted decode tokens over
+all turns (mean, q50), and q90 also carries the predicted tool wait in decode steps
+(`asp_npu.predict.trajectory`); the planner itself is unchanged.
+
 Quality on actual lengths -- `asp_npu.schedule.quality.plan_quality(plan, actual_len, cfg) -> dict`
 (token load balance, intra-unit spread, realised makespan / trainer end under the same timeline).
 

@@ -11,6 +11,14 @@ plan -- or a global FIFO it pulls from), whether it runs one unit at a time or s
 bound and refresh period, a rollout barrier per iteration, colocated switching, and the trainer's
 padding model. Admission and lag always go through `asp_npu.core.train_queue.TrainQueue`, and
 the run is recorded in an `asp_npu.observe.events.EventLog` for the one bubble accounting.
+
+Multi-turn trajectories (a workload with `turns`): a sample decodes its turns as segments; when a
+turn ends with a tool call the sample leaves its instance's batch (slot and KV freed, as an agent
+loop's generate call returns) and a `_TOOL_DONE` event puts it back in that instance's waiting queue
+after the tool's latency; re-admitted, it prefills only the tool's output (the prompt and earlier
+turns are a prefix-cache hit) and decodes its next turn with the instance's weights at that moment
+(a new token segment when they changed during the wait). Its group stays admitted and in flight all
+along, so the lag ledger and partial rollout's restamp count across turns.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from asp_npu.observe.events import EventLog
 from asp_npu.sim.cost import SimCost, decode_seconds, steps_to_reach, train_seconds
 from asp_npu.sim.workload import Workload
 
-_INST, _REFRESH_DONE, _TRAIN_END, _TRAINER_FREE = range(4)
+_INST, _REFRESH_DONE, _TRAIN_END, _TRAINER_FREE, _TOOL_DONE = range(5)
 
 # A work source returns window `it`'s units (groups = the workload's group indices), in dispatch order.
 UnitSource = Callable[[int], list[Unit[int]]]
@@ -148,6 +156,11 @@ class Simulation:
         n = workload.group_size
         self.n = n
         self.resp = workload.response_len.ravel().tolist()
+        self.cur_end = list(self.resp)  # model tokens at the end of the sample's current turn
+        self.mt = workload.turns is not None
+        if workload.turns is not None:
+            self._init_turns(workload)
+        self.audit: list[tuple[float, str, int, int]] | None = None  # tests: (t, what, sample, instance)
         self.prompt = np.repeat(workload.prompt_len, n).tolist()
         self.group_left = [n] * workload.num_groups
         self.group_tokens = workload.response_len.sum(axis=1).tolist()
@@ -181,6 +194,20 @@ class Simulation:
         self.sample_unit: dict[int, int] = {}
         self.unit_info: dict[int, list] = {}
         self.next_unit_id = 0
+
+    def _init_turns(self, workload: Workload) -> None:
+        tr = workload.turns
+        assert tr is not None
+        self.tool_len = workload.tool_len
+        self.turn_lo = tr.offsets[:-1].tolist()
+        self.turn_n = tr.counts.tolist()
+        self.t_model, self.t_tool_tok = tr.model.tolist(), tr.tool_tokens.tolist()
+        self.t_tool_s = tr.tool_s.tolist()
+        self.cur_end = [self.t_model[lo] for lo in self.turn_lo]
+        S = len(self.resp)
+        self.turn = [0] * S  # current turn of each sample
+        self.done_tok = [0] * S  # model tokens decoded before the current turn
+        self.tool_ctx = [0] * S  # tool-output tokens in the context so far
 
     # ------------------------------------------------------------------------------------ helpers
     def _push(self, t: float, kind: int, i: int = -1, tag: int = 0) -> None:
@@ -216,8 +243,43 @@ class Simulation:
         while heap and heap[0][0] <= inst.step:
             _, s = heapq.heappop(heap)
             inst.n -= 1
-            inst.kv -= self.prompt[s] + self.resp[s]
-            self._sample_done(inst, s)
+            if not self.mt:
+                inst.kv -= self.prompt[s] + self.resp[s]
+                self._sample_done(inst, s)
+                continue
+            inst.kv -= self.prompt[s] + self.cur_end[s] + self.tool_ctx[s]
+            if self.audit is not None:
+                self.audit.append((inst.t, "leave", s, inst.idx))
+            if self.turn[s] + 1 < self.turn_n[s]:
+                self._tool_call(inst, s)
+            else:
+                self._sample_done(inst, s)
+
+    def _tool_call(self, inst: _Instance, s: int) -> None:
+        """Turn `turn[s]` ended with a tool call: the sample holds no slot until the tool answers."""
+        j = self.turn_lo[s] + self.turn[s]
+        self.tool_ctx[s] += self.t_tool_tok[j]
+        self.done_tok[s] = self.cur_end[s]
+        self.turn[s] += 1
+        self.cur_end[s] += self.t_model[j + 1]
+        self._push(inst.t + self.t_tool_s[j], _TOOL_DONE, inst.idx, s)
+
+    def _tool_done(self, t: float, i: int, s: int) -> None:
+        """The tool answered: the sample waits for a slot on its instance (its prefix cache is there)."""
+        inst = self.inst[i]
+        if self.audit is not None:
+            self.audit.append((t, "tool_done", s, i))
+        inst.waiting.append(s)
+        self._wake(inst, t)
+
+    def _resume_turn(self, inst: _Instance, s: int) -> float:
+        """Re-admit a sample after its tool call; returns the tokens to prefill (the tool's output)."""
+        heapq.heappush(inst.heap, (inst.step + self.cur_end[s] - self.done_tok[s], s))
+        if inst.version != self.segments[s][-1][0]:
+            self.segments[s].append((inst.version, self.done_tok[s]))
+        inst.n += 1
+        inst.kv += self.prompt[s] + self.done_tok[s] + self.tool_ctx[s]
+        return float(self.t_tool_tok[self.turn_lo[s] + self.turn[s] - 1])
 
     def _sample_done(self, inst: _Instance, s: int) -> None:
         uid = self.sample_unit.pop(s)
@@ -268,7 +330,12 @@ class Simulation:
         while True:
             while inst.n < inst.slots and inst.waiting:
                 s = inst.waiting.popleft()
-                heapq.heappush(inst.heap, (inst.step + self.resp[s], s))
+                if self.audit is not None:
+                    self.audit.append((inst.t, "start", s, inst.idx))
+                if self.mt and self.turn[s] > 0:
+                    prefill += self._resume_turn(inst, s)
+                    continue
+                heapq.heappush(inst.heap, (inst.step + self.cur_end[s], s))
                 self.group_started[s // self.n] += 1
                 self.segments[s] = [(inst.version, 0)]
                 inst.n += 1
@@ -356,7 +423,7 @@ class Simulation:
         partial rollout every group in flight counts its lag from them (`TrainQueue.restamp`)."""
         if version > inst.version:
             for finish, s in inst.heap:
-                self.segments[s].append((version, self.resp[s] - (finish - inst.step)))
+                self.segments[s].append((version, self.cur_end[s] - (finish - inst.step)))
             for g in sorted(inst.groups):
                 started = self.group_started[g] > 0
                 if not started or self.spec.partial_rollout:
@@ -396,6 +463,8 @@ class Simulation:
         ):  # MindSpeed-RL deals the batch to DP ranks in data order, not finish order
             groups.sort()
         seq_tokens = (self.w.response_len[groups] + self.w.prompt_len[groups, None]).ravel()
+        if self.mt:  # tool outputs are sequence tokens the trainer reads (loss-masked)
+            seq_tokens = seq_tokens + self.tool_len[groups].ravel()
         self.samples_consumed += len(groups) * self.n
         self.tokens_consumed += h.tokens
         secs, useful = train_seconds(
@@ -529,6 +598,8 @@ class Simulation:
                 self._train_end(t, bool(tag))
             elif kind == _TRAINER_FREE:
                 self._trainer_free(t)
+            elif kind == _TOOL_DONE:
+                self._tool_done(t, i, tag)
         total_groups = self.w.num_groups
         if self.queue.consumed != total_groups:
             raise RuntimeError(

@@ -16,6 +16,11 @@ Every term is a time no schedule on these devices can beat, under the preset's o
 
 `hardware_s` drops what is the mode's own structure (the split, the barrier): `max((W_t + W_r) / D,
 the longest sample)`, the same for every mode -- how far a mode is from what the devices allow.
+Multi-turn trajectories: the rollout work adds the prefill of every tool output and each turn's
+tokens read their whole context (prompt, earlier turns, tool outputs); the training work counts the
+tool outputs as sequence tokens; a trajectory alone takes its decode at batch 1 plus its tool
+latencies (a tool wait holds no slot, so it costs no device time, only the trajectory's own latency).
+
 The bound is over the whole run; the mean iteration time's bound is it divided by the iterations
 (the simulator's mean iteration time is the wall time over the iterations, the first included).
 """
@@ -70,17 +75,43 @@ def _per_sample(preset: Preset, workload: Workload) -> tuple[np.ndarray, np.ndar
     c, cl = preset.cost, preset.cluster
     r = workload.response_len.astype(np.float64)
     p = np.broadcast_to(workload.prompt_len.astype(np.float64)[:, None], r.shape)
-    kv = c.decode_c * (r * p + r * (r - 1) / 2)  # each token reads its own context once
-    prefill = c.prefill_s_per_token * p
+    if workload.turns is None:
+        kv = c.decode_c * (r * p + r * (r - 1) / 2)  # each token reads its own context once
+        prefill = c.prefill_s_per_token * p
+        wait: np.ndarray | float = 0.0
+    else:
+        kv = c.decode_c * _turn_kv_steps(workload, p.ravel()).reshape(r.shape)
+        prefill = c.prefill_s_per_token * (p + workload.tool_len)
+        wait = workload.tool_seconds
     full = r * (c.decode_a / cl.max_num_seqs + c.decode_b) + kv + prefill
-    alone = r * (c.decode_a + c.decode_b) + kv + prefill
+    alone = r * (c.decode_a + c.decode_b) + kv + prefill + wait
     return cl.infer_tp * full, alone
+
+
+def _turn_kv_steps(workload: Workload, prompt: np.ndarray) -> np.ndarray:
+    """Per sample, the sum over its decoded tokens of the context each reads: turn k's `r_k` tokens
+    start from `prompt + earlier turns' tokens + earlier tool outputs`."""
+    tr = workload.turns
+    assert tr is not None
+    n = tr.counts
+    row = np.repeat(np.arange(n.size), n)
+    start = np.repeat(tr.offsets[:-1], n)
+    cm = np.cumsum(tr.model) - tr.model  # exclusive cumsums, then made per row
+    ct = np.cumsum(tr.tool_tokens) - tr.tool_tokens
+    before_m = cm - cm[start]
+    before_t = ct - ct[start]
+    rk = tr.model.astype(np.float64)
+    ctx = prompt[row] + before_m + before_t
+    steps: np.ndarray = np.bincount(row, weights=rk * ctx + rk * (rk - 1) / 2, minlength=n.size)
+    return steps
 
 
 def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) -> Limit:
     """The bound of one mode (colocated or not, with or without a rollout barrier) on the preset's devices."""
     c, cl = preset.cost, preset.cluster
     seq_tokens = float(workload.response_len.sum() + workload.prompt_len.sum() * workload.group_size)
+    if workload.turns is not None:
+        seq_tokens += float(workload.tool_len.sum())
     w_t = c.train_s_per_token * seq_tokens
     roll, alone = _per_sample(preset, workload)
     w_r = float(roll.sum())

@@ -3,6 +3,10 @@
 When an instance first needs window `w`, the predictor (fed every finished group so far, as the real
 controller feeds it) predicts the window's groups and `WindowPlanner` lays them out as units -- the
 same call the Ray controller makes. The simulator then executes the units against the actual lengths.
+
+A multi-turn workload's predictor is the `TrajectoryPredictor` around the named one: fed each
+finished trajectory's total tokens, turns and tool-wait seconds, it hands the planner decode tokens
+with the tool wait on the tail (`asp_npu.predict.trajectory`), so trajectories are planned as samples.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from asp_npu.core.modes import Mode
 from asp_npu.core.records import Unit
 from asp_npu.core.window import WindowPlanner
 from asp_npu.predict.factory import make_predictor
+from asp_npu.predict.trajectory import TrajectoryPredictor
 from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
 from asp_npu.sim.cost import SimCost
@@ -41,6 +46,12 @@ class PlannedSource:
         self.w, self.window, self.seed = workload, window, seed
         self.predictor_name = predictor
         self.pred = make_predictor(predictor) if predictor else None
+        self.tool_s = workload.tool_seconds if workload.multi_turn else None
+        if self.pred is not None and workload.turns is not None:
+            step_s = cost.decode_a + cost.decode_b * planner_cfg.max_num_seqs if cost is not None else 1.0
+            self.pred = TrajectoryPredictor(self.pred, step_s)
+        self.turn_counts = (workload.turns.counts.reshape(workload.response_len.shape)
+                            if workload.turns is not None else None)
         self.cost, self.trainer_devices = cost, trainer_devices
         self.planner = WindowPlanner(mode, workload.group_size, planner_cfg, self.pred, self._step_seconds)
         self.plans: list[dict] = []
@@ -55,6 +66,12 @@ class PlannedSource:
         if self.pred is None:
             return
         w, n = self.w, self.w.group_size
+        if isinstance(self.pred, TrajectoryPredictor):
+            assert self.turn_counts is not None and self.tool_s is not None
+            self.pred.observe_trajectories(np.repeat(w.prompt_ids[g], n), np.repeat(w.epoch[g], n),
+                                           w.response_len[g], self.turn_counts[g], self.tool_s[g],
+                                           np.repeat(w.prompt_len[g], n))
+            return
         self.pred.observe_many(
             np.repeat(w.prompt_ids[g], n), np.repeat(w.epoch[g], n), w.response_len[g],
             np.repeat(w.prompt_len[g], n),

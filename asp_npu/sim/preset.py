@@ -41,6 +41,8 @@ class WorkloadSpec:
     iterations: int = 50
     trace: str | None = None  # JSONL trace; None -> synthetic generator with `synth`
     synth: dict[str, Any] = field(default_factory=dict)  # asp_npu.data.traces.SynthParams fields
+    # multi-turn tool-calling trajectories: asp_npu.data.traces.MultiTurnParams fields (instead of synth)
+    multi_turn: dict[str, Any] = field(default_factory=dict)
     seed: int = 0  # data-loader shuffle
 
 
@@ -81,11 +83,19 @@ class Preset:
             "name": self.name,
             "path": self.path,
             "cluster": asdict(self.cluster),
-            "workload": asdict(self.workload),
+            "workload": _workload_dict(self.workload),
             "rl": asdict(self.rl),
             "cost": asdict(self.cost),
             "notes": list(self.notes),
         }
+
+
+def _workload_dict(w: WorkloadSpec) -> dict[str, Any]:
+    """The workload as a mapping; `multi_turn` only when set (single-turn reports stay as they were)."""
+    d = asdict(w)
+    if not d["multi_turn"]:
+        del d["multi_turn"]
+    return d
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -236,8 +246,22 @@ def _workload_problems(w: WorkloadSpec) -> list[str]:
         return [f"workload.trace must be a file path (got {w.trace!r})"]
     if not isinstance(w.synth, dict):
         return [f"workload.synth must be a mapping of generator knobs (got {w.synth!r})"]
-    from asp_npu.data.traces import SynthParams
+    from asp_npu.data.traces import MultiTurnParams, SynthParams
 
+    if not isinstance(w.multi_turn, dict):
+        return [f"workload.multi_turn must be a mapping of generator knobs (got {w.multi_turn!r})"]
+    if w.multi_turn:
+        if w.synth or w.trace is not None:
+            return ["workload.multi_turn generates the trajectories: leave out workload.synth and .trace"]
+        mknown = {f.name for f in fields(MultiTurnParams)}
+        bad = sorted(set(w.multi_turn) - mknown)
+        if bad:
+            return [f"workload.multi_turn: unknown key '{bad[0]}' (known: {', '.join(sorted(mknown))})"]
+        try:
+            MultiTurnParams(**{"n": w.n_samples_per_prompt, **w.multi_turn}).validate()
+        except (UserError, TypeError) as exc:
+            return [f"workload.multi_turn: {exc}"]
+        return []
     known = {f.name for f in fields(SynthParams)}
     unknown = sorted(set(w.synth) - known)
     if unknown:

@@ -3,9 +3,32 @@ and the bubble plot, all from the simulator's `ModeRun`s."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from asp_npu.io import atomic_write_with
 from asp_npu.sim.modes import BASELINES
 from asp_npu.sim.run import ModeRun
+from asp_npu.sim.workload import Workload
+
+
+def trajectory_summary(w: Workload) -> dict[str, Any]:
+    """The simulated trajectories of a multi-turn workload: turns, tokens, tool outputs and waits."""
+    assert w.turns is not None
+    c = w.turns.counts
+    calls = w.turns.tool_s[w.turns.tool_s > 0]
+    wait = w.tool_seconds.ravel()
+    return {
+        "turns_mean": round(float(c.mean()), 3),
+        "turns_p50_p90_max": [int(np.percentile(c, 50)), int(np.percentile(c, 90)), int(c.max())],
+        "one_turn_share": round(float(np.mean(c == 1)), 3),
+        "model_tokens_mean": round(float(w.response_len.mean()), 1),
+        "tool_tokens_mean": round(float(w.tool_len.mean()), 1),
+        "tool_call_s_p50_p99_max": [round(float(np.percentile(calls, q)), 2) for q in (50, 99, 100)]
+        if calls.size else [0.0, 0.0, 0.0],
+        "tool_wait_s_per_trajectory_mean": round(float(wait.mean()), 2),
+    }
 
 
 def table(runs: dict[str, ModeRun]) -> str:

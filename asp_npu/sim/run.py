@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from asp_npu.core.modes import sim_mode
-from asp_npu.data.traces import SynthParams, read_trace, synth_trace
+from asp_npu.data.traces import MultiTurnParams, SynthParams, read_trace, synth_multiturn, synth_trace
 from asp_npu.errors import UserError
 from asp_npu.observe.bubbles import account
 from asp_npu.sim.contention import simulate_shared
@@ -37,6 +37,8 @@ def build_workload(preset: Preset) -> Workload:
     w = preset.workload
     if w.trace:
         trace = read_trace(w.trace)
+    elif w.multi_turn:
+        trace = synth_multiturn(MultiTurnParams(**{"n": w.n_samples_per_prompt, **w.multi_turn}))
     else:
         known = set(SynthParams.__dataclass_fields__)
         bad = sorted(set(w.synth) - known)

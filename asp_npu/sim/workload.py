@@ -8,11 +8,11 @@ the incomplete last batch (`drop_last`). A trace with too few epochs is reused f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from asp_npu.data.traces import Trace, group_table
+from asp_npu.data.traces import Trace, Turns, group_table
 from asp_npu.errors import UserError
 
 
@@ -26,8 +26,27 @@ class Workload:
     epoch: np.ndarray  # (G,) int64 epoch label
     iteration: np.ndarray  # (G,) int64
     prompt_len: np.ndarray  # (G,) int64 (one prompt, shared by its samples)
-    response_len: np.ndarray  # (G, n) int64
+    response_len: np.ndarray  # (G, n) int64 (multi-turn: the model tokens of all turns)
     source: str = "<memory>"
+    turns: Turns | None = None  # multi-turn: sample g * n + j's turns; None = one turn each
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.turns is not None
+
+    @property
+    def tool_len(self) -> np.ndarray:
+        """(G, n) tool-output tokens of each sample (context the trainer reads; zeros single-turn)."""
+        if self.turns is None:
+            return np.zeros_like(self.response_len)
+        return self.turns.per_row(self.turns.tool_tokens).reshape(self.response_len.shape)
+
+    @property
+    def tool_seconds(self) -> np.ndarray:
+        """(G, n) seconds each sample waits on its tools (zeros single-turn)."""
+        if self.turns is None:
+            return np.zeros(self.response_len.shape)
+        return self.turns.per_row(self.turns.tool_s).reshape(self.response_len.shape)
 
     @property
     def num_groups(self) -> int:
@@ -67,6 +86,7 @@ def from_trace(trace: Trace, prompts_per_iteration: int, iterations: int, seed: 
         )
     rng = np.random.default_rng(seed)
     ids, ep, pl, rl = [], [], [], []
+    tparts: list[Turns] = []
     label = 0
     made = 0
     while made < iterations:
@@ -79,6 +99,8 @@ def from_trace(trace: Trace, prompts_per_iteration: int, iterations: int, seed: 
         ep.append(np.full(take, label, dtype=np.int64))
         pl.append(sub.prompt_len[rows[pick, 0]])
         rl.append(sub.response_len[rows[pick]])
+        if sub.turns is not None:
+            tparts.append(sub.turns.take(rows[pick].ravel()))
         made += take // prompts_per_iteration
         label += 1
     g = sum(len(x) for x in ids)
@@ -91,6 +113,7 @@ def from_trace(trace: Trace, prompts_per_iteration: int, iterations: int, seed: 
         prompt_len=np.concatenate(pl).astype(np.int64),
         response_len=np.concatenate(rl).astype(np.int64),
         source=trace.source,
+        turns=Turns.concat(tparts) if tparts else None,
     )
 
 
@@ -117,3 +140,14 @@ def from_arrays(
         pl,
         r,
     )
+
+
+def with_turns(workload: Workload, turns: Turns) -> Workload:
+    """`workload` as multi-turn trajectories (tests, hand-made cases): sample s = g * n + j gets row s
+    of `turns`, and its response length becomes its turns' model tokens."""
+    if len(turns) != workload.response_len.size:
+        raise UserError(f"turns has {len(turns)} rows, the workload {workload.response_len.size} samples")
+    if turns.model.size == 0 or turns.model.min() < 1 or np.any(turns.counts < 1):
+        raise UserError("every sample needs >= 1 turn of >= 1 model token")
+    resp = turns.per_row(turns.model).reshape(workload.response_len.shape).astype(np.int64)
+    return replace(workload, response_len=resp, turns=turns)
