@@ -99,7 +99,8 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--max-token-len", type=int, default=0, help="use_dynamic_bsz budget (0 = micro_batch_size)")
+    ap.add_argument("--max-token-len", type=int, default=0,
+                    help="use_dynamic_bsz budget (0 = micro_batch_size)")
     ap.add_argument("--tail-sigma", type=float, default=1.2, help="log-sd of the response lengths")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the rank (= its devices)")
     ap.add_argument("--calib", default="", help="asp-calib/1 file: its trainer costs for the prediction")
@@ -120,14 +121,15 @@ def main() -> int:
         runs = measure(model, batches, args)
     med = {k: statistics.median(statistics.median(r[k]) for r in runs) for k in ("padded", "packed")}
     ratios = [statistics.median(r["packed"]) / statistics.median(r["padded"]) for r in runs]
-    pred = {"slots": predicted(batches[1:], args.micro_batch_size, args.max_token_len, args.threads, 0.0, 1.0)}
+    mbs, budget = args.micro_batch_size, args.max_token_len
+    pred = {"slots": predicted(batches[1:], mbs, budget, args.threads, 0.0, 1.0)}
     if args.calib:
         c = json.loads(Path(args.calib).read_text())
-        pred["calibrated"] = predicted(batches[1:], args.micro_batch_size, args.max_token_len, args.threads,
-                                       float(c["trainer_step_s"] or 0.0), float(c["trainer_s_per_token"]))
+        pred["calibrated"] = predicted(batches[1:], mbs, budget, args.threads, float(c["trainer_step_s"] or 0.0),
+                                       float(c["trainer_s_per_token"]))
     out = {"size": args.size, "runs": args.runs, "steps": args.steps, "tail_sigma": args.tail_sigma,
            "micro_batch_size": args.micro_batch_size, "max_token_len": args.max_token_len,
-           "threads": args.threads, "token_slots": token_slots(batches, args.micro_batch_size, args.max_token_len),
+           "threads": args.threads, "token_slots": token_slots(batches, mbs, budget),
            "tokens_per_s_median": med, "tokens_per_s_runs": [{k: statistics.median(v) for k, v in r.items()}
                                                              for r in runs],
            "measured_gain_median": statistics.median(ratios), "measured_gain_runs": ratios,
