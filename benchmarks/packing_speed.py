@@ -125,8 +125,8 @@ def main() -> int:
     pred = {"slots": predicted(batches[1:], mbs, budget, args.threads, 0.0, 1.0)}
     if args.calib:
         c = json.loads(Path(args.calib).read_text())
-        pred["calibrated"] = predicted(batches[1:], mbs, budget, args.threads, float(c["trainer_step_s"] or 0.0),
-                                       float(c["trainer_s_per_token"]))
+        step_s, per_token = float(c["trainer_step_s"] or 0.0), float(c["trainer_s_per_token"])
+        pred["calibrated"] = predicted(batches[1:], mbs, budget, args.threads, step_s, per_token)
     out = {"size": args.size, "runs": args.runs, "steps": args.steps, "tail_sigma": args.tail_sigma,
            "micro_batch_size": args.micro_batch_size, "max_token_len": args.max_token_len,
            "threads": args.threads, "token_slots": token_slots(batches, mbs, budget),
