@@ -13,7 +13,9 @@ sequence boundaries; a padded micro-batch runs megatron's own attention unchange
 taken twice on the same minibatch, padded and packed, in alternating order (padded first on even
 steps), so both see the same weights and the same machine load step by step. tokens/s counts real
 tokens (never padding). Per run: the median over its steps; over runs: the median, and the median
-of the per-run packed / padded ratios. One warm-up step of each kind is not counted.
+of the per-run packed / padded ratios; the same in process CPU time (real tokens over the step's CPU
+seconds of this one-thread process), which other processes on a loaded machine disturb far less than
+wall time. One warm-up step of each kind is not counted.
 
 The simulator's prediction uses its trainer cost (`asp_npu.sim.cost.train_seconds`, one rank of
 `--threads` devices): packed = the real tokens, padded = the slots of the same length-sorted
@@ -77,13 +79,16 @@ def measure(model: str, batches: list, args: argparse.Namespace) -> list[dict[st
         w.train_step(batches[0])
     runs = []
     for r in range(args.runs):
-        got: dict[str, list[float]] = {"padded": [], "packed": []}
+        got: dict[str, list[float]] = {k: [] for k in ("padded", "packed", "padded_cpu", "packed_cpu")}
         for i, b in enumerate(batches[1:]):
             for name in (("padded", "packed") if (r + i) % 2 == 0 else ("packed", "padded")):
                 w.cfg = cfgs[name]  # the worker reads use_remove_padding per step
                 for t in b.trajectories:
                     t.policy_version = w.version
-                got[name].append(w.train_step(b)["tokens_per_s"])
+                cpu = time.process_time()
+                m = w.train_step(b)
+                got[name].append(m["tokens_per_s"])
+                got[name + "_cpu"].append(m["tokens_per_s"] * m["step_time_s"] / (time.process_time() - cpu))
         runs.append(got)
         print(f"run {r + 1}/{args.runs}: padded {statistics.median(got['padded']):.0f}, packed "
               f"{statistics.median(got['packed']):.0f} tokens/s (load average {os.getloadavg()[0]:.1f})",
@@ -119,8 +124,9 @@ def main() -> int:
         batches = [synthetic_batch(vocab, args.groups, args.group_size, i, args.tail_sigma)
                    for i in range(args.steps + 1)]
         runs = measure(model, batches, args)
-    med = {k: statistics.median(statistics.median(r[k]) for r in runs) for k in ("padded", "packed")}
+    med = {k: statistics.median(statistics.median(r[k]) for r in runs) for k in runs[0]}
     ratios = [statistics.median(r["packed"]) / statistics.median(r["padded"]) for r in runs]
+    cpu_ratios = [statistics.median(r["packed_cpu"]) / statistics.median(r["padded_cpu"]) for r in runs]
     mbs, budget = args.micro_batch_size, args.max_token_len
     pred = {"slots": predicted(batches[1:], mbs, budget, args.threads, 0.0, 1.0)}
     if args.calib:
@@ -133,10 +139,16 @@ def main() -> int:
            "tokens_per_s_median": med, "tokens_per_s_runs": [{k: statistics.median(v) for k, v in r.items()}
                                                              for r in runs],
            "measured_gain_median": statistics.median(ratios), "measured_gain_runs": ratios,
+           "measured_gain_cpu_time_median": statistics.median(cpu_ratios),
+           "measured_gain_cpu_time_runs": cpu_ratios,
            "predicted_gain": pred, "loadavg_1m": [load0, os.getloadavg()[0]], "wall_s": time.time() - t0,
            "cpu_count": os.cpu_count()}
+    def runs_text(xs: list[float]) -> str:
+        return ", ".join(f"{x:.2f}" for x in xs)
+
     print(f"padded {med['padded']:.0f} tokens/s, packed {med['packed']:.0f} tokens/s: measured gain "
-          f"x{out['measured_gain_median']:.2f} (runs {', '.join(f'{x:.2f}' for x in ratios)}); simulator "
+          f"x{out['measured_gain_median']:.2f} (runs {runs_text(ratios)}), in process CPU time "
+          f"x{out['measured_gain_cpu_time_median']:.2f} (runs {runs_text(cpu_ratios)}); simulator "
           + ", ".join(f"x{v:.2f} ({k})" for k, v in pred.items())
           + f"; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     if args.json:
