@@ -23,28 +23,35 @@ def _our_pids() -> set[int]:
     return {me.pid} | {c.pid for c in me.children(recursive=True)}
 
 
-def _foreign_cpu(mine: set[int]) -> dict[int, float]:
-    """CPU seconds so far of every process outside `mine`."""
+def _foreign_cpu(mine: set[int]) -> dict[int, tuple[float, float]]:
+    """(CPU seconds so far, start time) of every process outside `mine`."""
     import psutil
 
-    out: dict[int, float] = {}
+    out: dict[int, tuple[float, float]] = {}
     for p in psutil.process_iter():
         if p.pid in mine:
             continue
         try:
             t = p.cpu_times()
-            out[p.pid] = t.user + t.system
+            out[p.pid] = (t.user + t.system, p.create_time())
         except psutil.Error:
             continue
     return out
 
 
-def foreign_share(before: dict[int, float], after: dict[int, float], wall_s: float, cores: int) -> float:
-    """Other processes' CPU seconds between two snapshots, over `wall_s` x `cores` (a process new in
-    `after` counts whole: it started within the interval)."""
+def foreign_share(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]], t0: float,
+                  wall_s: float, cores: int) -> float:
+    """Other processes' CPU seconds between two snapshots taken at `t0` and `t0 + wall_s`, over
+    `wall_s` x `cores`. A process absent from `before` counts whole when it started after `t0`, and not
+    at all otherwise (it was there but unreadable, or it just left our tree)."""
     if wall_s <= 0 or cores < 1:
         return 0.0
-    used = sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
+    used = 0.0
+    for pid, (cpu, started) in after.items():
+        if pid in before:
+            used += max(0.0, cpu - before[pid][0])
+        elif started >= t0:
+            used += cpu
     return used / (wall_s * cores)
 
 
@@ -70,7 +77,8 @@ class ForeignLoad:
         t_prev, prev = time.time(), _foreign_cpu(_our_pids())
         while not self._stop.wait(self.period):
             now, cur = time.time(), _foreign_cpu(_our_pids())
-            self.samples.append((now, foreign_share(prev, cur, now - t_prev, self.cores), os.getloadavg()[0]))
+            share = foreign_share(prev, cur, t_prev, now - t_prev, self.cores)
+            self.samples.append((now, share, os.getloadavg()[0]))
             t_prev, prev = now, cur
 
     def __enter__(self) -> ForeignLoad:

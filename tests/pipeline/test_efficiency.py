@@ -96,8 +96,10 @@ def test_figure_spreads_fit_each_repeat():
 
 
 def test_foreign_load_share():
-    before, after = {1: 10.0, 2: 5.0}, {1: 11.0, 2: 5.5, 3: 0.5}  # pid 3 started in between
-    assert foreign_share(before, after, 2.0, 2) == pytest.approx(0.5)
-    assert foreign_share(before, {1: 9.0}, 1.0, 2) == 0.0  # a reused pid never counts negative
+    before = {1: (10.0, 0.0), 2: (5.0, 0.0)}
+    after = {1: (11.0, 0.0), 2: (5.5, 0.0), 3: (0.5, 100.5), 4: (900.0, 50.0)}
+    # pid 3 started in between (counts whole), pid 4 is old but was not read before (not counted)
+    assert foreign_share(before, after, 100.0, 2.0, 2) == pytest.approx(0.5)
+    assert foreign_share(before, {1: (9.0, 0.0)}, 100.0, 1.0, 2) == 0.0  # never negative
     got = summarise([(0.0, 0.1, 1.0), (0.5, 0.3, 2.5)])
     assert got["mean"] == pytest.approx(0.2) and got["max"] == 0.3 and got["loadavg_1m_max"] == 2.5
