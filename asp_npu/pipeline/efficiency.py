@@ -9,8 +9,10 @@ inputs come from the run, not from a calibration:
   prompt + response tokens it trained (`sim.replay.trainer_cost_from_run`);
 - decode: `a + b x batch` seconds per step, fitted to every generated sequence of the run: a sequence
   that lived `d` seconds and generated `r` tokens while on average `n` sequences ran on its
-  instance gives `d = a r + b r n` (least squares, both terms >= 0; prefill and waiting fold into
-  `a`, the KV term into `b`); the bound then charges each token `a / max_num_seqs + b` (full batch);
+  instance gives `d = a r + b r n` (least squares, both terms >= 0; prefill folds into `a`, the KV
+  term into `b`; beyond `max_num_seqs` submitted sequences the engine runs that many at a time, so
+  `n` is capped there and the lifetime stretched by `n / max_num_seqs`); the bound then charges each
+  token `a / max_num_seqs + b` (full batch);
 - the devices: the run's layout as the replay sees it (`sim.replay.layout_for_run`).
 
 MFU: the model FLOPs of the trained tokens (`ModelDims.train_flops`: 6N + causal attention, x
@@ -54,15 +56,20 @@ def _mean_running(seqs: list[tuple[float, float, int]]) -> np.ndarray:
     return np.asarray((np.interp(f, t, area) - np.interp(s, t, area)) / d)
 
 
-def decode_fit(instances: Iterable[Sequence[Mapping[str, Any]]]) -> dict[str, float] | None:
+def decode_fit(instances: Iterable[Sequence[Mapping[str, Any]]], slots: int = 0) -> dict[str, float] | None:
     """Decode step `a + b x batch` from the run's sequence events (one list per instance); None with
-    fewer than two sequences that generated tokens."""
+    fewer than two sequences that generated tokens. With `slots` (max_num_seqs), `n` submitted
+    sequences beyond the slots decode `slots` at a time: a sequence then lives `r (a + b slots) n /
+    slots` (it waits its turn)."""
     rows = []
     for events in instances:
         seqs = [x for x in _sequences(events) if x[2] > 0 and x[1] > x[0]]
         if seqs:
             n = _mean_running(seqs)
-            rows += [(f - s, r, r * k) for (s, f, r), k in zip(seqs, n, strict=True)]
+            for (s, f, r), k in zip(seqs, n, strict=True):
+                batch = min(k, slots) if slots else k
+                wait = k / batch if batch > 0 else 1.0
+                rows.append((f - s, r * wait, r * batch * wait))
     if len(rows) < 2:
         return None
     y, x = np.array([r[0] for r in rows]), np.array([[r[1], r[2]] for r in rows], dtype=float)

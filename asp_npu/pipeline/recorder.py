@@ -234,7 +234,7 @@ class Recorder:
         from asp_npu.trainer.calibrate import matmul_flops_per_s
 
         updates = [float(r[M.TIMING_UPDATE]) for r in self.metrics.history if M.TIMING_UPDATE in r]
-        decode = eff.decode_fit([st.get("sequence_events", []) for st in stats])
+        decode = eff.decode_fit([st.get("sequence_events", []) for st in stats], self.shape.slots)
         if decode is None or not self.samples_rows or not updates or not totals["iterations"]:
             return {"x_limit": None, "mfu": None,
                     "why": "no whole iteration or no generated sequence recorded"}

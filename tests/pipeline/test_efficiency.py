@@ -35,6 +35,12 @@ def test_decode_fit_recovers_the_step_cost_from_sequence_events():
     assert one is not None and one["a"] >= 0 and one["b"] >= 0
     assert one["a"] * 10 + one["b"] * 40 == pytest.approx(10 * (a + 4 * b))
     assert eff.decode_fit([ev[:1]]) is None  # nothing finished
+    # 16 submitted at once into 8 slots: two rounds of 8; each sequence lives both rounds (it waits)
+    ev, t = _batch(0.0, 16, 10, 2 * a, b, "q")  # lifetime = 10 (2a + 16b) = 2 x 10 (a + 8 b)
+    ev2, _ = _batch(t + 1, 2, 10, a, b, "r")
+    two = eff.decode_fit([ev + ev2], slots=8)
+    assert two is not None and two["a"] == pytest.approx(a, rel=1e-6)
+    assert two["b"] == pytest.approx(b, rel=1e-6)
 
 
 def test_against_limit_is_the_simulators_bound_on_the_runs_own_costs():
