@@ -10,6 +10,7 @@ One name per family, used by `asp-npu init-model --arch`, `model.architecture` a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,27 @@ class ModelDims:
         if self.mla:
             s += f"; MLA kv_lora_rank {self.kv_lora_rank}, q_lora_rank {self.q_lora_rank}"
         return s + ")"
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights one token multiplies through (MFU's N): attention and MLP projections of every layer
+        (MoE: the router and the `moe_topk` active experts) and the output layer; the embedding lookup
+        and the norms are not matmuls."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h
+        mlp = (self.moe_topk * 3 * h * self.moe_intermediate_size + h * self.num_experts if self.num_experts
+               else 3 * h * self.intermediate_size)
+        return self.num_layers * (attn + mlp) + h * self.vocab_size
+
+    def train_flops(self, seq_lens: Iterable[int]) -> float:
+        """Model FLOPs of one training pass (forward + backward) over sequences of `seq_lens` tokens:
+        `6 N` per token plus causal attention, `12 x layers x heads x head_dim` per (query, key) pair a
+        query attends to (QK^T and AV, 2 FLOPs each per multiply-add, x3 for the backward): a sequence of
+        `s` tokens holds s (s + 1) / 2 such pairs. The usual MFU numerator (PaLM appendix B, causal)."""
+        lens = [int(n) for n in seq_lens]
+        pairs = sum(n * (n + 1) / 2 for n in lens)
+        attention = 12.0 * self.num_layers * self.num_heads * self.head_dim * pairs
+        return 6.0 * self.matmul_params * sum(lens) + attention
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelDims:

@@ -8,11 +8,15 @@ asp_npu/trainer/calibrate.py); the simulator fits its cost model to the points
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from asp_npu.cli import command_parser
 from asp_npu.config import load_config
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write_json, check_writable
 from asp_npu.outputs import check_output
+from asp_npu.sim.calibrate import MAX_FOREIGN_LOAD, MAX_SPREAD
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +26,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="YAML config (model, generate_config)")
     parser.add_argument("--out", required=True, help="calibration JSON to write (asp-calib/1)")
     parser.add_argument("--quick", action="store_true", help="fewer points (CI / smoke test)")
-    parser.add_argument("--repeats", type=int, default=2, help="measurements per point (median)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measurements per probe: the median is used, min..max reported with it")
+    parser.add_argument("--max-spread", type=float, default=MAX_SPREAD,
+                        help="a figure whose repeats differ by more than this share of its median is noise")
+    parser.add_argument("--max-foreign-load", type=float, default=MAX_FOREIGN_LOAD,
+                        help="other processes' mean CPU use during the probes (share of the cores) above "
+                        "which the machine was too busy to trust")
     parser.add_argument(
         "--no-trainer", dest="trainer", action="store_false",
         help="measure the engine only (trainer cost and core sharing stay null)",
@@ -31,6 +41,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
+    for flag, v in (("--max-spread", args.max_spread), ("--max-foreign-load", args.max_foreign_load)):
+        if not 0 < v < 10:
+            raise UserError(f"{flag} must be a positive share, e.g. 0.05 (got {v})")
     check_writable(args.out)
     cfg = load_config(args.config, args.overrides)
     check_output(args.out, [("--config", args.config), ("model.path", cfg.model.path)])
@@ -38,20 +51,44 @@ def main(argv: list[str]) -> int:
     from asp_npu.sim.calibrate import calibration
 
     measured = measure_config(cfg, quick=args.quick, repeats=args.repeats, trainer=args.trainer)
-    result = calibration(measured.model, measured.points, measured.meta)
+    result = calibration(measured.model, measured.points, measured.meta, args.max_spread,
+                         args.max_foreign_load)
     atomic_write_json(args.out, result, indent=1)
-    s = result["decode_step_s"]
-    print(
-        f"wrote {args.out}: decode step = {s['a'] * 1e3:.3f} ms + {s['b_per_seq'] * 1e3:.4f} ms/seq "
-        f"+ {s['c_per_kv_token'] * 1e6:.4f} us/KV token; "
-        f"prefill {result['prefill_s_per_token'] or 0:.2e} s/token; refresh {result['refresh_s'] or 0:.3f} s"
-    )
-    if result["trainer_s_per_token"] is not None:
-        sh = result["core_sharing"]
-        print(
-            f"trainer {result['trainer_step_s']:.3f} s/step + {result['trainer_s_per_token']:.3e} "
-            f"device-s/token (asynchronous placement), {result['trainer_step_s_colocated']:.3f} s + "
-            f"{result['trainer_s_per_token_colocated']:.3e} (colocated); core sharing: decode "
-            f"x{sh['decode_slowdown']:.2f}, trainer x{sh['train_slowdown']:.2f} while the other side is busy"
-        )
+    print_result(args.out, result)
     return 0
+
+
+Figure = tuple[str, Callable[[dict[str, Any]], Any], str, str]
+FIGURES: tuple[Figure, ...] = (  # (label, the calibration's value, its key in `spread`, unit)
+    ("decode step, fixed", lambda r: r["decode_step_s"]["a"], "decode_a", "s"),
+    ("decode step, per sequence", lambda r: r["decode_step_s"]["b_per_seq"], "decode_b_per_seq", "s"),
+    ("decode step, per KV token", lambda r: r["decode_step_s"]["c_per_kv_token"], "decode_c_per_kv_token",
+     "s"),
+    ("prefill per token", lambda r: r["prefill_s_per_token"], "prefill_s_per_token", "s"),
+    ("weight refresh", lambda r: r["refresh_s"], "refresh_s", "s"),
+    ("trainer per token (asynchronous)", lambda r: r["trainer_s_per_token"], "trainer_s_per_token",
+     "device-s"),
+    ("trainer fixed per step (asynchronous)", lambda r: r["trainer_step_s"], "", "s"),
+    ("trainer per token (colocated)", lambda r: r["trainer_s_per_token_colocated"],
+     "trainer_s_per_token_colocated", "device-s"),
+    ("trainer fixed per step (colocated)", lambda r: r["trainer_step_s_colocated"], "", "s"),
+    ("core sharing: decode slowdown", lambda r: (r["core_sharing"] or {}).get("decode_slowdown"),
+     "decode_slowdown", "x"),
+    ("core sharing: trainer slowdown", lambda r: (r["core_sharing"] or {}).get("train_slowdown"),
+     "train_slowdown", "x"),
+    ("matmul, one device", lambda r: r.get("matmul_flops_per_s"), "matmul_flops_per_s", "FLOP/s"),
+)
+
+
+def print_result(out: str, result: dict[str, Any]) -> None:
+    """Every figure with its spread over the repeats (min..max, relative), then the one trust line."""
+    print(f"wrote {out}:")
+    for label, value, key, unit in FIGURES:
+        v = value(result)
+        if v is None:
+            continue
+        s = result["spread"].get(key) if key else None
+        rng = (f"  min..max {s['min']:.4g}..{s['max']:.4g}, spread {s['rel']:.1%} over {s['n']}"
+               if s else "  (from the medians)")
+        print(f"  {label:<40} {v:>11.4g} {unit:<8}{rng}")
+    print(result["trust"]["line"])

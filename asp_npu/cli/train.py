@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
         f"final reward {summary['final_reward']:.3f}, "
         f"lag max {summary['lag_max']} (bound {summary['max_lag']})"
     )
+    from asp_npu.pipeline.efficiency import describe
+
+    print(f"run: {describe(summary.get('against_limit'))}")
     print(f"report: {run / rd.REPORT}")
     print(f"run directory: {run} (metrics.jsonl, tensorboard/, timeline.json, checkpoints/)")
     return 0

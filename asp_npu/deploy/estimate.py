@@ -112,6 +112,8 @@ def _scaled_cost(cfg: Config, lay: Deployment, base: Any) -> Any:
         train_dp_devices=act.tensor_model_parallel_size * act.pipeline_model_parallel_size
         * act.context_parallel_size,
         micro_batch_size=act.micro_batch_size,
+        train_packed=act.use_remove_padding,  # unpacked, our trainer pads its length-sorted micro-batches
+        train_max_token_len=act.ppo_max_token_len_per_gpu if act.use_dynamic_bsz else 0,
         refresh_s=c.refresh_s * scale,
         to_train_s=c.to_train_s * scale,
         to_infer_s=c.to_infer_s * scale,

@@ -44,6 +44,8 @@ QUEUE_OCCUPANCY = "queue/occupancy"  # samples waiting in the TrainQueue when th
 TRAINER_IDLE = "trainer/idle_ratio"
 ROLLOUTER_IDLE = "rollouter/idle_ratio"
 BUBBLES_PREFIX = "bubbles/"
+X_LIMIT = "perf/x_limit"  # the run's mean iteration time over its bound (asp_npu/pipeline/efficiency.py)
+MFU = "perf/mfu"  # trainer model FLOP/s per device over one device's measured matmul FLOP/s
 
 CONSOLE_KEYS = (REWARD_MEAN, E2E_TPS, LAG_MEAN, LAG_MAX, QUEUE_OCCUPANCY)
 

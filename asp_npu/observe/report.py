@@ -203,6 +203,14 @@ def _iteration_panel(ax: Any, rows: list[dict]) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
+def limit_text(summary: dict[str, Any]) -> str:
+    """`, 1.42x its limit, MFU 3.1%` from a run summary's `against_limit` (empty where not measured)."""
+    lim = summary.get("against_limit") or {}
+    x, m = lim.get("x_limit"), lim.get("mfu")
+    parts = ([f"{x:.2f}x its limit"] if _number(x) else []) + ([f"MFU {m:.1%}"] if _number(m) else [])
+    return ", " + ", ".join(parts) if parts else ""
+
+
 def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
     """Draw `report.png` (or `out`) for the run directory at `run_path`; returns the written path."""
     import matplotlib
@@ -220,6 +228,7 @@ def draw_report(run_path: str | Path, out: str | Path | None = None) -> Path:
         if key in summary and not _number(summary[key]):
             raise UserError(f"{run / rd.SUMMARY}: '{key}' is not a number")
     title = f"{run.path.name}: mode {summary.get('mode', '?')}, max_lag {summary.get('max_lag', '?')}"
+    title += limit_text(summary)
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     fig.suptitle(title)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.config import Config, with_changes
+from asp_npu.pipeline.efficiency import describe
 from asp_npu.pipeline.preflight import preflight
 
 BASELINE = "mindspeed-sync"
@@ -42,12 +43,19 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
+def _median_known(xs: list[float | None]) -> float | None:
+    """The median of the values that were measured (None where none was)."""
+    known = [x for x in xs if x is not None]
+    return _median(known) if known else None
+
+
 def _spread(xs: list[float]) -> float:
     return float(statistics.pstdev(xs)) if len(xs) > 1 else 0.0
 
 
 def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -> dict[str, Any]:
-    """Per mode: medians over seeds, the mean reward curve, and the seed-to-seed reward spread."""
+    """Per mode: medians over seeds (`x_limit` and `mfu` where measured), the mean reward curve, and the
+    seed-to-seed reward spread."""
     out: dict[str, Any] = {}
     for mode, rs in runs.items():
         curves = [r["reward_curve"] for r in rs if r["reward_curve"]]
@@ -73,11 +81,15 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -
             "lag_max": max((r["lag_max"] for r in rs), default=0),
             "max_lag": rs[0]["max_lag"] if rs else 0,
             "bubbles": {k: _median([r["bubbles"][k] for r in rs]) for k in rs[0]["bubbles"]} if rs else {},
+            "x_limit": _median_known([(r.get("against_limit") or {}).get("x_limit") for r in rs]),
+            "mfu": _median_known([(r.get("against_limit") or {}).get("mfu") for r in rs]),
             "trainer_idle_ratio": _median([r["trainer_idle_ratio"] for r in rs]),
             "rollouter_idle_ratio": _median([r["rollouter_idle_ratio"] for r in rs]),
             "samples": rs[0]["samples"] if rs else 0,
-            "per_seed": [{k: r[k] for k in ("seed", "throughput_tokens_per_s", "iteration_time_mean_s",
-                                            "final_reward", "lag_max", "run_dir")} for r in rs],
+            "per_seed": [{**{k: r[k] for k in ("seed", "throughput_tokens_per_s", "iteration_time_mean_s",
+                                               "final_reward", "lag_max", "run_dir")},
+                          "x_limit": (r.get("against_limit") or {}).get("x_limit"),
+                          "mfu": (r.get("against_limit") or {}).get("mfu")} for r in rs],
         }
     base = out.get(BASELINE)
     for mode, row in out.items():
@@ -92,19 +104,25 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], steps_tail: float = 0.25) -
 
 
 def table(agg: dict[str, Any]) -> str:
-    lines = ["| mode | tokens/s (median) | vs mindspeed-sync | iteration s | final reward (± seeds) | "
-             "lag max / bound (partial rollout: newest token) | trainer idle | rollouter idle |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| mode | tokens/s (median) | vs mindspeed-sync | iteration s | x limit | MFU | "
+             "final reward (± seeds) | lag max / bound (partial rollout: newest token) | trainer idle | "
+             "rollouter idle |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in agg.items():
         sp = r.get("speedup_vs_mindspeed_sync")
         lines.append(
             f"| {mode} | {r['throughput_tokens_per_s']:,.0f} | {f'{sp:.2f}x' if sp else '-'} | "
-            f"{r['iteration_time_mean_s']:.2f} | {r['final_reward']:.3f} ± {r['final_reward_spread']:.3f} | "
+            f"{r['iteration_time_mean_s']:.2f} | {_cell(r.get('x_limit'), '.2f', 'x')} | "
+            f"{_cell(r.get('mfu'), '.1%')} | {r['final_reward']:.3f} ± {r['final_reward_spread']:.3f} | "
             f"{r['lag_newest_max'] if r.get('partial_rollout') else r['lag_max']} / {r['max_lag']} | "
             f"{r['trainer_idle_ratio']:.2f} | "
             f"{r['rollouter_idle_ratio']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _cell(v: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if v is None else f"{format(v, fmt)}{unit}"
 
 
 def partial_table(agg: dict[str, Any]) -> str:
@@ -175,6 +193,7 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
             print(f"[{mode} s{seed}] {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                   f"iteration {summary['iteration_time_mean_s']:.2f}s, reward {summary['final_reward']:.3f}, "
                   f"{_lag_text(summary)} ({time.time() - t0:.0f}s with start-up)", file=sys.stderr)
+            print(f"[{mode} s{seed}] {describe(summary.get('against_limit'))}", file=sys.stderr)
     return runs
 
 

@@ -108,6 +108,7 @@ async def measure(
                     "prompt_len": p,
                     "decode_tokens": [short, decode_tokens],
                     "step_s": max(1e-6, statistics.median(steps)),
+                    "step_s_runs": [max(1e-6, x) for x in steps],
                     "kv_tokens": b * (p + (short + decode_tokens) / 2),
                 }
             )
@@ -118,7 +119,7 @@ async def measure(
             prompt = _random_prompt(rng, p, lo, hi, "p")
             (t,) = await engine.generate(prompt, SamplingSettings(max_tokens=1, stream=True))
             ttft.append(t.t_first_token - t.t_submitted)
-        prefill.append({"prompt_tokens": p, "ttft_s": statistics.median(ttft)})
+        prefill.append({"prompt_tokens": p, "ttft_s": statistics.median(ttft), "ttft_s_runs": ttft})
     refresh = []
     if refresh_weights is not None:
         for _ in range(repeats):
@@ -142,7 +143,7 @@ def measure_engine(
     model: str,
     max_num_seqs: int,
     quick: bool = False,
-    repeats: int = 2,
+    repeats: int = 3,
     meta: dict[str, Any] | None = None,
 ) -> EngineMeasurement:
     """Measure a running engine (driven through `loop`, a LoopThread) at batches up to `max_num_seqs`."""
@@ -382,7 +383,7 @@ def _trainer_fit(long_s: list[float], short_s: list[float], tokens: int, short_t
                  threads: int) -> dict[str, Any]:
     """One placement's trainer: fixed wall seconds per step, and device-seconds per token (wall
     seconds per token x ranks x threads per rank: the simulator divides by the trainer's devices)."""
-    from asp_npu.trainer.calibrate import fit_step
+    from asp_npu.sim.calibrate import fit_step
 
     fixed, slope = fit_step(long_s, tokens, short_s, short_tokens)
     return {"step_s": long_s, "short_step_s": short_s, "wall_s_per_token": statistics.median(long_s) / tokens,
@@ -391,11 +392,29 @@ def _trainer_fit(long_s: list[float], short_s: list[float], tokens: int, short_t
 
 
 def measure_config(
-    cfg: Config, quick: bool = False, repeats: int = 2, trainer: bool = True
+    cfg: Config, quick: bool = False, repeats: int = 3, trainer: bool = True
 ) -> EngineMeasurement:
     """Build one engine from `cfg` (an asp_npu Config) on the first instance's devices (on CPU the
     whole process is confined to them, as a run's instance is), measure it; with `trainer`, then the
-    trainer and core sharing (`measure_sharing`); shut everything down."""
+    trainer and core sharing (`measure_sharing`); shut everything down. Every probe is taken `repeats`
+    times; other processes' CPU use is sampled throughout (`machine_load.ForeignLoad`, in `meta`), and
+    one core's matmul FLOP/s is probed `repeats` times (`points["matmul_flops_per_s"]`)."""
+    from asp_npu.pipeline.machine_load import ForeignLoad
+
+    with ForeignLoad() as load:
+        m = _measure_config(cfg, quick, repeats, trainer)
+        m.points["matmul_flops_per_s"] = _matmul_probes(repeats, quick)
+    m.meta["foreign_load"] = load.summary()
+    return m
+
+
+def _matmul_probes(repeats: int, quick: bool) -> list[float]:
+    from asp_npu.trainer.calibrate import matmul_flops_per_s
+
+    return [matmul_flops_per_s(min_s=0.2 if quick else 0.5) for _ in range(repeats)]
+
+
+def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> EngineMeasurement:
     from asp_npu.data.init_model import build_model_dir, check_model_dir
     from asp_npu.device import confine_to_devices, detect, rollout_env
     from asp_npu.rollout.engine import EngineSettings, LoopThread

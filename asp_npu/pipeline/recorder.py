@@ -208,9 +208,13 @@ class Recorder:
         bubbles = {"utilization": rep.utilization, **rep.bubbles()}
         extra = {f"bubbles/{k}": v for k, v in bubbles.items()}
         extra.update({M.TRAINER_IDLE: rep.trainer_idle_ratio, M.ROLLOUTER_IDLE: rep.rollouter_idle_ratio})
+        totals = self._totals(t_end, steps)
+        against = self.against_limit(stats, totals)
+        extra.update({k: v for k, v in ((M.X_LIMIT, against.get("x_limit")), (M.MFU, against.get("mfu")))
+                      if v is not None})
         self.metrics.log(steps, {"final": 1, **extra}, console=False)
         summary = {"mode": sh.mode.name, "label": self.label, "max_lag": sh.max_lag,
-                   "instances": sh.instances, "placement": placement, **self._totals(t_end, steps),
+                   "instances": sh.instances, "placement": placement, **totals, "against_limit": against,
                    "bubbles": bubbles, "trainer_idle_ratio": rep.trainer_idle_ratio,
                    "rollouter_idle_ratio": rep.rollouter_idle_ratio, "bubble_coverage": rep.coverage,
                    "weight_refresh_s_mean": float(np.mean([r["total_s"] for r in self.refreshes]))
@@ -219,6 +223,33 @@ class Recorder:
                    "weight_transfer": self.weights.describe() if self.weights is not None else None}
         self.run_dir.write_summary(summary)
         return summary
+
+    def against_limit(self, stats: list[dict[str, Any]], totals: dict[str, Any]) -> dict[str, Any]:
+        """`x limit` and MFU from this run's own measurements (asp_npu/pipeline/efficiency.py); where
+        they cannot be computed, None with the reason."""
+        import yaml
+
+        from asp_npu.errors import UserError
+        from asp_npu.pipeline import efficiency as eff
+        from asp_npu.trainer.calibrate import matmul_flops_per_s
+
+        updates = [float(r[M.TIMING_UPDATE]) for r in self.metrics.history if M.TIMING_UPDATE in r]
+        decode = eff.decode_fit([st.get("sequence_events", []) for st in stats], self.shape.slots)
+        if decode is None or not self.samples_rows or not updates or not totals["iterations"]:
+            return {"x_limit": None, "mfu": None,
+                    "why": "no whole iteration or no generated sequence recorded"}
+        try:
+            raw = yaml.safe_load((self.run_dir / rd.CONFIG).read_text(encoding="utf-8")) or {}
+            out = eff.against_limit(raw, self.samples_rows, updates, decode, totals["iteration_time_mean_s"],
+                                    totals["iterations"])
+            flops = eff.trained_flops(self.cfg.model.path, self.samples_rows,
+                                      max(1, self.cfg.actor_config.ppo_epochs))
+        except (UserError, KeyError, ValueError) as exc:
+            return {"x_limit": None, "mfu": None, "why": str(exc)}
+        peak = sorted(matmul_flops_per_s(min_s=0.2) for _ in range(3))[1]
+        out.update(mfu=eff.mfu(flops, sum(updates), out["layout"]["trainer_devices"], peak),
+                   trained_flops=flops, update_s=sum(updates), matmul_flops_per_s=peak)
+        return out
 
     def _totals(self, t_end: float, steps: int) -> dict[str, Any]:
         rows = self.samples_rows

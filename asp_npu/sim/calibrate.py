@@ -3,7 +3,11 @@ write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
 
 The measurement itself runs a real engine and lives with the rollout code
 (asp_npu/pipeline/calibrate.py); this module is pure arithmetic on its points.
-Schema `asp-calib/1`. The trainer fields (null when the trainer was not measured):
+Schema `asp-calib/1`. `matmul_flops_per_s`: the median of a timed fp32 torch matmul per device (one
+thread = one core on CPU; the denominator of a run's MFU). `spread`: every figure's median, min, max
+and relative spread over the repeats; `trust`: whether they agree within 5% and other processes left
+the machine alone during the probes (`verdict`), with the one line `asp-npu calibrate` prints.
+The trainer fields (null when the trainer was not measured):
 - `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
   asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator
   divides by the trainer's devices), and `trainer_step_s`, the wall seconds every step costs on top
@@ -24,6 +28,8 @@ import statistics
 from typing import Any
 
 SCHEMA = "asp-calib/1"
+MAX_SPREAD = 0.05  # a figure whose repeats differ by more than this (max - min over median) is noise
+MAX_FOREIGN_LOAD = 0.10  # mean CPU use of other processes during the probes, as a share of the cores
 
 
 def fit(points: dict[str, Any]) -> dict[str, Any]:
@@ -82,11 +88,19 @@ def sharing(p: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def calibration(model: str, points: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The `asp-calib/1` document: the fitted costs, the raw points and how they were measured."""
+def calibration(model: str, points: dict[str, Any], meta: dict[str, Any], max_spread: float = MAX_SPREAD,
+                max_foreign: float = MAX_FOREIGN_LOAD) -> dict[str, Any]:
+    """The `asp-calib/1` document: the fitted costs, the raw points and how they were measured, each
+    figure's spread over the repeats and whether the machine was quiet enough to trust them."""
     fitted = fit(points)
     tr = points.get("trainer")
+    spreads = figure_spreads(points)
+    load = meta.get("foreign_load") or {}
+    mm = points.get("matmul_flops_per_s")
     return {
+        "matmul_flops_per_s": float(statistics.median(mm)) if mm else None,
+        "spread": spreads,
+        "trust": verdict(spreads, load.get("mean"), load.get("loadavg_1m_max"), max_spread, max_foreign),
         "schema": SCHEMA,
         "model": str(model),
         "decode_step_s": fitted["decode_step_s"],
@@ -100,3 +114,108 @@ def calibration(model: str, points: dict[str, Any], meta: dict[str, Any]) -> dic
         "points": points,
         "meta": {**meta, "fit_median_rel_err": fitted["fit_median_rel_err"]},
     }
+
+
+def fit_step(long_s: list[float], long_tokens: int, short_s: list[float],
+             short_tokens: int) -> tuple[float, float]:
+    """(fixed seconds per step, seconds per token) through the medians of two batch sizes; a slope
+    the noise made negative or a negative intercept falls back to proportional (fixed 0)."""
+    a, b = statistics.median(long_s), statistics.median(short_s)
+    if long_tokens <= short_tokens:
+        return 0.0, a / long_tokens
+    slope = (a - b) / (long_tokens - short_tokens)
+    fixed = a - slope * long_tokens
+    if slope <= 0 or fixed < 0:
+        return 0.0, a / long_tokens
+    return fixed, slope
+
+
+# -- how far a calibration can be trusted: each figure's spread over the repeats, the machine's load ---
+
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """Median, min, max and relative spread `(max - min) / median` of one figure's repeats (0 for a
+    single repeat or an all-zero figure; inf when the median is 0 but not every repeat is)."""
+    med = float(statistics.median(xs)) if xs else 0.0
+    lo, hi = (float(min(xs)), float(max(xs))) if xs else (0.0, 0.0)
+    rel = (hi - lo) / abs(med) if med else (0.0 if hi == lo else float("inf"))
+    return {"median": med, "min": lo, "max": hi, "rel": rel, "n": len(xs)}
+
+
+def _runs(items: list[dict[str, Any]], key: str, fallback: str) -> list[list[float]]:
+    return [list(p.get(key) or [p[fallback]]) for p in items]
+
+
+def _fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
+    """One cost fit per repeat index (repeat k's decode and prefill points), where every point kept its
+    repeats (`step_s_runs`, `ttft_s_runs`)."""
+    dec = _runs(points["decode"], "step_s_runs", "step_s")
+    pre = _runs(points["prefill"], "ttft_s_runs", "ttft_s")
+    n = min((len(r) for r in dec + pre), default=0)
+    out = []
+    for k in range(n if n > 1 else 0):
+        pts = {"decode": [{**p, "step_s": r[k]} for p, r in zip(points["decode"], dec, strict=True)],
+               "prefill": [{**p, "ttft_s": r[k]} for p, r in zip(points["prefill"], pre, strict=True)],
+               "refresh": []}
+        out.append(fit(pts))
+    return out
+
+
+def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Every calibrated figure's spread over its repeats: the decode fit and the prefill slope (one fit
+    per repeat), weight refresh, the trainer steps (both placements) and the core-sharing ratios."""
+    out: dict[str, dict[str, float]] = {}
+    fits = _fit_per_repeat(points)
+    if fits:
+        for k in ("a", "b_per_seq", "c_per_kv_token"):
+            out[f"decode_{k}"] = spread([f["decode_step_s"][k] for f in fits])
+        pf = [f["prefill_s_per_token"] for f in fits if f["prefill_s_per_token"] is not None]
+        if pf:
+            out["prefill_s_per_token"] = spread(pf)
+    if points.get("refresh"):
+        out["refresh_s"] = spread([r["total_s"] for r in points["refresh"]])
+    tr = points.get("trainer")
+    if tr:
+        for name, key in (("trainer_s_per_token", "trainer"),
+                          ("trainer_s_per_token_colocated", "trainer_colocated")):
+            t = tr[key]
+            scale = t["world"] * t["threads"]
+            per = [fit_step([a], tr["batch_tokens"], [b], tr["short_batch_tokens"])[1] * scale
+                   for a, b in zip(t["step_s"], t["short_step_s"], strict=False)]
+            out[name] = spread(per)
+        sh = tr["sharing"]
+        for name, (alone, shared) in {"decode_slowdown": ("decode_alone_s", "decode_shared_s"),
+                                      "train_slowdown": ("train_alone_s", "train_shared_s")}.items():
+            ratios = [b / a for a, b in zip(sh[alone], sh[shared], strict=True) if a > 0]
+            if ratios:
+                out[name] = spread(ratios)
+    if points.get("matmul_flops_per_s"):
+        out["matmul_flops_per_s"] = spread(list(points["matmul_flops_per_s"]))
+    return out
+
+
+def verdict(spreads: dict[str, dict[str, float]], foreign_load: float | None, loadavg: float | None = None,
+            max_spread: float = MAX_SPREAD, max_foreign: float = MAX_FOREIGN_LOAD) -> dict[str, Any]:
+    """Whether the calibration can be trusted, and the one line that says so (or why not): every
+    figure's repeats within `max_spread`, and other processes' mean CPU use during the probes (a
+    share of the cores) at most `max_foreign`."""
+    wide = sorted(((s["rel"], k) for k, s in spreads.items() if s["rel"] > max_spread and s["n"] > 1),
+                  reverse=True)
+    busy = foreign_load is not None and foreign_load > max_foreign
+    why = [f"{len(wide)} figure(s) spread over {max_spread:.0%}, widest {wide[0][1]} {wide[0][0]:.0%}"
+           ] if wide else []
+    if busy:
+        why.append(f"other processes used {foreign_load:.0%} of the cores during the probes "
+                   f"(threshold {max_foreign:.0%})")
+    load = f", load average {loadavg:.1f}" if loadavg is not None else ""
+    reps = max((s["n"] for s in spreads.values()), default=0)
+    if why:
+        line = f"calibration NOT trusted, the machine was too noisy: {'; '.join(why)}{load}"
+    else:
+        fl = f"{foreign_load:.0%}" if foreign_load is not None else "unmeasured"
+        line = (f"calibration trusted: every figure within {max_spread:.0%} over {reps} repeats, "
+                f"foreign load {fl} of the cores{load}")
+    return {"trusted": not why, "line": line, "max_spread": max_spread, "max_foreign_load": max_foreign,
+            "foreign_load": foreign_load, "loadavg_1m": loadavg,
+            "widest": [{"figure": k, "rel": r} for r, k in wide]}

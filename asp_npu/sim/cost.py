@@ -11,6 +11,8 @@ tokens) plus `train_s_per_token` device-seconds per sequence token (prompt + res
 reference forward and the update together, split over the trainer's data-parallel ranks either
 balanced (verl `balance_batch` Karmarkar-Karp + dynamic batch size; our trainer) or padded (fixed
 micro-batches padded to their longest sequence, samples dealt to ranks in order: MindSpeed-RL default).
+Our trainer computes its real tokens when it packs (`train_packed`, actor_config.use_remove_padding),
+else its length-sorted micro-batches padded to their longest sample (`_sorted_padded_loads`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ class SimCost:
     train_step_s: float = 0.0  # trainer wall seconds per step on top of its tokens (optimizer, launches)
     train_dp_devices: int = 1  # devices per trainer data-parallel rank (TP x PP of the trainer)
     micro_batch_size: int = 1  # padded trainer: samples per micro-batch
+    # asp-npu's own trainer (the modes that are not `trainer_padded`): packed micro-batches
+    # (actor_config.use_remove_padding) compute their real tokens; unpacked, length-sorted micro-batches of
+    # `micro_batch_size` samples (or of <= `train_max_token_len` padded tokens: use_dynamic_bsz) compute
+    # every row padded to the micro-batch's longest sample
+    train_packed: bool = True
+    train_max_token_len: int = 0
     refresh_s: float = 1.0  # weight refresh (disaggregated): trainer -> all instances
     to_train_s: float = (
         0.0  # colocated switch rollout -> train (offload KV/weights, onload optimizer, reshard)
@@ -67,6 +75,8 @@ class SimCost:
         for name in ("share_decode_slowdown", "share_train_slowdown"):
             if not getattr(self, name) >= 1.0:
                 bad.append(f"cost.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.train_max_token_len < 0:
+            bad.append(f"cost.train_max_token_len must be >= 0 (got {self.train_max_token_len})")
         for name in ("train_dp_devices", "micro_batch_size"):
             if getattr(self, name) < 1:
                 bad.append(f"cost.{name} must be >= 1 (got {getattr(self, name)})")
@@ -103,6 +113,29 @@ def _lpt_loads(tokens: np.ndarray, ranks: int) -> np.ndarray:
     return loads
 
 
+def _sorted_padded_loads(tokens: np.ndarray, ranks: int, micro_batch: int, budget: int) -> np.ndarray:
+    """Token slots per rank of asp-npu's unpacked trainer (`trainer/batching.py`): samples dealt longest
+    first to the rank with the fewest real tokens, each rank's samples (longest first) cut into
+    micro-batches of `micro_batch` samples, or of as many as fit `budget` padded tokens, each row padded to
+    its micro-batch's longest sample."""
+    per: list[list[float]] = [[] for _ in range(ranks)]
+    real = np.zeros(ranks)
+    for x in np.sort(tokens)[::-1]:
+        r = int(np.argmin(real))
+        real[r] += x
+        per[r].append(float(x))
+    loads = np.zeros(ranks)
+    for r, xs in enumerate(per):
+        i = 0
+        while i < len(xs):
+            j = i + 1
+            while j < len(xs) and ((j + 1 - i) * xs[i] <= budget if budget else j - i < micro_batch):
+                j += 1
+            loads[r] += xs[i] * (j - i)
+            i = j
+    return loads
+
+
 def train_seconds(cost: SimCost, seq_tokens: np.ndarray, devices: int, padded: bool) -> tuple[float, float]:
     """(seconds, useful fraction) of one trainer pass over sequences of `seq_tokens` on `devices`.
 
@@ -121,8 +154,10 @@ def train_seconds(cost: SimCost, seq_tokens: np.ndarray, devices: int, padded: b
             for lo in range(0, chunk.size, mb):
                 part = chunk[lo : lo + mb]
                 loads[r] += part.max() * part.size if part.size else 0.0
-    else:
+    elif cost.train_packed:
         loads = _lpt_loads(tokens, ranks) if ranks > 1 else np.array([tokens.sum()])
+    else:
+        loads = _sorted_padded_loads(tokens, ranks, cost.micro_batch_size, cost.train_max_token_len)
     peak = float(loads.max())
     rank_devices = min(devices, cost.train_dp_devices)
     seconds = cost.train_step_s + peak * cost.train_s_per_token / rank_devices

@@ -12,8 +12,9 @@ the driver around `train_step`, as the pipeline's `timing/update` is.
 A step is not proportional to its tokens: the optimizer update, the per-micro-batch launches and the
 call itself cost the same for a minibatch of short answers as for one of long answers (measured on
 the bench model: 0.2-0.35 s of a 0.7 s step). So two minibatches of the same sample count are timed,
-answers over the whole 1..`max_tokens` and over its first quarter, and `fit_step` splits a step into
-a fixed part and seconds per token (what the simulator's `train_step_s` and `train_s_per_token` take).
+answers over the whole 1..`max_tokens` and over its first quarter, and `sim.calibrate.fit_step` splits
+a step into a fixed part and seconds per token (what the simulator's `train_step_s` and
+`train_s_per_token` take).
 """
 
 from __future__ import annotations
@@ -111,15 +112,22 @@ def s_per_token(step_s: list[float], tokens: int) -> float:
     return statistics.median(step_s) / tokens
 
 
-def fit_step(long_s: list[float], long_tokens: int, short_s: list[float],
-             short_tokens: int) -> tuple[float, float]:
-    """(fixed seconds per step, seconds per token) through the medians of two batch sizes; a slope
-    the noise made negative or a negative intercept falls back to proportional (fixed 0)."""
-    a, b = statistics.median(long_s), statistics.median(short_s)
-    if long_tokens <= short_tokens:
-        return 0.0, a / long_tokens
-    slope = (a - b) / (long_tokens - short_tokens)
-    fixed = a - slope * long_tokens
-    if slope <= 0 or fixed < 0:
-        return 0.0, a / long_tokens
-    return fixed, slope
+def matmul_flops_per_s(size: int = 512, min_s: float = 0.3, dtype: str = "float32") -> float:
+    """FLOP/s of one device on a timed square torch matmul (`2 size^3` FLOPs each, repeated for at least
+    `min_s` seconds after one warm-up); on CPU one thread, i.e. one core: the peak a core's share of
+    the trainer is measured against (MFU)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(size, size, dtype=getattr(torch, dtype))
+        b = torch.randn(size, size, dtype=getattr(torch, dtype))
+        torch.mm(a, b)
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_s or n == 0:
+            torch.mm(a, b)
+            n += 1
+        return 2.0 * size**3 * n / elapsed
+    finally:
+        torch.set_num_threads(threads)

@@ -57,3 +57,24 @@ def test_trainer_calibration_batch_has_the_config_minibatch_shape(tiny_model_dir
     assert batch_tokens(b) == sum(len(t.prompt_token_ids) + t.response_len for t in b.trajectories)
     assert [t.response_token_ids for t in calibration_batch(cfg).trajectories] == [
         t.response_token_ids for t in b.trajectories]  # the same batch every time
+
+
+def test_every_printed_figure_carries_its_spread_and_one_trust_line(capsys, tmp_path):
+    from asp_npu.cli.calibrate import print_result
+    from asp_npu.sim.calibrate import calibration
+
+    decode = [{"batch": n, "prompt_len": 16, "kv_tokens": 0.0, "step_s": 0.004 + 3e-4 * n,
+               "step_s_runs": [(0.004 + 3e-4 * n) * f for f in (1.0, 1.2, 1.0)]} for n in (1, 4, 16)]
+    prefill = [{"prompt_tokens": p, "ttft_s": 1e-4 * p, "ttft_s_runs": [1e-4 * p] * 3} for p in (32, 128)]
+    points = {"decode": decode, "prefill": prefill, "refresh": [{"total_s": 0.5}] * 3,
+              "matmul_flops_per_s": [2e10, 2.01e10, 1.99e10]}
+    doc = calibration("m", points, {"foreign_load": {"mean": 0.01, "loadavg_1m_max": 0.5}})
+    assert doc["matmul_flops_per_s"] == 2e10 and not doc["trust"]["trusted"]
+    print_result(str(tmp_path / "c.json"), doc)
+    out = capsys.readouterr().out.splitlines()
+    figures = [line for line in out if line.startswith("  ")]
+    assert len(figures) == 6 and all("spread" in line for line in figures), out
+    assert out[-1].startswith("calibration NOT trusted") and "decode_" in out[-1]
+    assert cli_main(["calibrate", "--config", "configs/cpu_tiny.yaml", "--out", str(tmp_path / "c.json"),
+                     "--max-spread", "0"]) == 2
+    assert "--max-spread" in capsys.readouterr().err

@@ -96,6 +96,14 @@ def test_run_invariants(bench, mode):
     row = results["modes"][mode]
     assert row["lag_max"] <= max_lag and len(row["reward_curve"]) == 6
     assert row["throughput_tokens_per_s"] > 0 and row["iteration_time_mean_s"] > 0
+    # against its limit, from the run's own costs: no schedule beats the bound (a little fit noise aside)
+    lim = summary["against_limit"]
+    assert lim["x_limit"] >= 0.9 and row["x_limit"] == pytest.approx(lim["x_limit"]), lim
+    assert lim["limit_iteration_s"] * lim["x_limit"] == pytest.approx(summary["iteration_time_mean_s"])
+    assert lim["decode_sequences_fitted"] >= len(samples) and 0 < lim["mfu"] < 1 and 0 < row["mfu"] < 1
+    final = [json.loads(line) for line in (run / rd.METRICS).read_text().splitlines()][-1]
+    assert final["perf/x_limit"] == pytest.approx(lim["x_limit"])
+    assert final["perf/mfu"] == pytest.approx(lim["mfu"])
 
 
 def test_report_redraws(bench, capsys):
