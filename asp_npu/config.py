@@ -207,11 +207,38 @@ class ActorConfig(Section):
 
 
 @dataclass
+class CriticConfig(Section):
+    """The value model of PPO with a critic (`rl_config.adv_estimator: gae`; MindSpeed-RL `critic_config`,
+    verl `critic`): the policy's architecture with a scalar head, initialised from model.path, with its own
+    megatron layout and optimizer (asp_npu/trainer/critic.py). On CPU its ranks share the trainer's cores."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 1
+    micro_batch_size: int = 8
+    ppo_epochs: int = 1  # critic updates per TrainBatch (verl critic.ppo_epochs)
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_fraction: float = 0.0
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    use_distributed_optimizer: bool = False
+    seed: int = 1234
+
+
+@dataclass
 class RLConfig(Section):
     """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
 
     mode: str = "asp"  # one of MODES
-    adv_estimator: str = "group_norm"
+    adv_estimator: str = "group_norm"  # group_norm (GRPO) | gae (PPO with a critic: critic_config)
+    gamma: float = 1.0  # gae: discount (MindSpeed-RL / verl rl_config.gamma)
+    lam: float = 0.95  # gae: lambda (MindSpeed-RL / verl rl_config.lam)
+    cliprange_value: float = 0.5  # gae: value clipping around the scoring values (0 = off; verl critic)
     n_samples_per_prompt: int = 8  # GRPO group size
     mini_batch_size: int = 32  # samples per trainer step (whole groups)
     max_lag: int = 1  # policy lag bound in versions (0 = synchronous); AReaL max_head_offpolicyness
@@ -282,6 +309,7 @@ class TrainerConfig(Section):
     # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs
     # the steps since the checkpoint; a fault that repeats stops the run after one more try)
     max_restarts: int = 1
+    critic_warmup: int = 0  # gae: the first this many trainer steps update the critic only (verl)
 
 
 @dataclass
@@ -316,6 +344,7 @@ class Config(Section):
     data: DataConfig = field(default_factory=DataConfig)
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
     actor_config: ActorConfig = field(default_factory=ActorConfig)
+    critic_config: CriticConfig = field(default_factory=CriticConfig)
     rl_config: RLConfig = field(default_factory=RLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -397,6 +426,17 @@ NUMERIC_RANGES: dict[str, Range] = {
     "actor_config.adam_beta2": (0, 1, False, True),
     "actor_config.adam_eps": POSITIVE,
     "actor_config.optimizer_offload_fraction": (0, 1, False, False),
+    "critic_config.tensor_model_parallel_size": AT_LEAST_1,
+    "critic_config.pipeline_model_parallel_size": AT_LEAST_1,
+    "critic_config.data_parallel_size": AT_LEAST_1,
+    "critic_config.micro_batch_size": AT_LEAST_1,
+    "critic_config.ppo_epochs": AT_LEAST_1,
+    "critic_config.lr_warmup_fraction": (0, 1, False, True),
+    "critic_config.adam_beta1": (0, 1, False, True),
+    "critic_config.adam_beta2": (0, 1, False, True),
+    "critic_config.adam_eps": POSITIVE,
+    "rl_config.gamma": (0, 1, False, False),
+    "rl_config.lam": (0, 1, False, False),
     "rl_config.n_samples_per_prompt": AT_LEAST_1,
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
@@ -420,7 +460,7 @@ NUMERIC_RANGES: dict[str, Range] = {
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
-ADV_ESTIMATORS = ("group_norm",)
+ADV_ESTIMATORS = ("group_norm", "gae")
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_CTRL_TYPES = ("fixed", "adaptive")  # asp_npu.trainer.losses.KL_CTRL_TYPES
@@ -519,7 +559,62 @@ def validate(cfg: Config) -> list[str]:
     problems += _arch_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _load_megatron_problems(cfg)
+    problems += critic_problems(cfg)
     return problems
+
+
+def critic_problems(cfg: Config) -> list[str]:
+    """PPO with a critic: the critic's layout and schedule, and the keys that only mean something with
+    (or without) it."""
+    rl, cr, out = cfg.rl_config, cfg.critic_config, []
+    if rl.adv_estimator != "gae":
+        changed = [f"critic_config.{f.name}" for f in fields(cr) if getattr(cr, f.name) != f.default]
+        changed += ["trainer.critic_warmup"] * (cfg.trainer.critic_warmup > 0)
+        if changed:
+            out.append(f"{changed[0]}: only used by PPO with a critic (rl_config.adv_estimator=gae), "
+                       f"not '{rl.adv_estimator}'; remove it or set adv_estimator gae")
+        return out
+    if not rl.norm_adv_by_std_in_grpo:
+        out.append("rl_config.norm_adv_by_std_in_grpo: a group_norm (GRPO) key; adv_estimator gae whitens "
+                   "its advantages over the minibatch; remove it")
+    if rl.use_kl_in_reward:
+        out.append("rl_config.use_kl_in_reward: not supported with adv_estimator gae yet (the KL would have "
+                   "to enter each token's reward); use kl_coef in the loss")
+    if cr.lr_decay_style not in LR_DECAY_STYLES:
+        out.append(f"critic_config.lr_decay_style: '{cr.lr_decay_style}' is not {'|'.join(LR_DECAY_STYLES)}")
+    if cr.min_lr > cr.lr:
+        out.append(f"critic_config.min_lr: {cr.min_lr} is above lr {cr.lr}")
+    if cfg.trainer.critic_warmup >= cfg.trainer.train_iters:
+        out.append(f"trainer.critic_warmup: {cfg.trainer.critic_warmup} steps leave no policy update in "
+                   f"trainer.train_iters={cfg.trainer.train_iters}")
+    layers = cfg.model.arch.num_layers or _hf_layers(cfg.model.path)
+    pp = cr.pipeline_model_parallel_size
+    if layers and pp >= 1 and layers % pp:
+        out.append(f"critic_config.pipeline_model_parallel_size: {pp} does not divide the model's {layers} "
+                   "layers")
+    heads = cfg.model.arch.num_attention_heads or _hf_int(cfg.model.path, "num_attention_heads")
+    tp = cr.tensor_model_parallel_size
+    if heads and tp >= 1 and heads % tp:
+        out.append(f"critic_config.tensor_model_parallel_size: {tp} does not divide the model's {heads} "
+                   "attention heads")
+    return out
+
+
+def _hf_int(path: str, key: str) -> int:
+    """An integer of model.path/config.json (0: no such file or key)."""
+    import json
+
+    cfg_json = Path(path) / "config.json"
+    if not cfg_json.is_file():
+        return 0
+    try:
+        return int(json.loads(cfg_json.read_text()).get(key, 0) or 0)
+    except (ValueError, OSError):
+        return 0
+
+
+def _hf_layers(path: str) -> int:
+    return _hf_int(path, "num_hidden_layers")
 
 
 def _reward_problems(cfg: Config) -> list[str]:

@@ -85,7 +85,9 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
             raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
                              f"{len(t.response_token_ids)} response tokens")
         samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
-                              len(t.prompt_token_ids), float(adv[i]), list(t.logprobs),
+                              len(t.prompt_token_ids),
+                              list(batch.advantages[i]) if batch.advantages is not None else float(adv[i]),
+                              list(t.logprobs),
                               list(t.loss_mask) or None))
     return samples, len(drop)
 

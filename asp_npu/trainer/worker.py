@@ -123,7 +123,7 @@ class TrainerWorker:
             model = build_model(self.dims, self.layout, dtype, overrides, cp_gather,
                                 packed_split).to(self.torch_device)
             load_hf_into_model(model, state, self.dims, self.layout)
-            return model
+            return self._adapt(model)
 
         self.module = loaded_model(hf)
         self.ref_model = None
@@ -143,6 +143,10 @@ class TrainerWorker:
             self.module.config.grad_scale_func = self.optimizer.scale_loss
         self.offload = {"optimizer": Offloader("optimizer") if act.offload_train_optimizer else None,
                         "param": Offloader("param") if act.offload_train_param else None}
+
+    def _adapt(self, model: Any) -> Any:
+        """The loaded model as this worker trains it (the policy: as is; the critic: a value head)."""
+        return model
 
     # ------------------------------------------------------------------ offload (colocated modes)
     def offload_train_state(self) -> None:
