@@ -49,7 +49,8 @@ def critic_view(cfg: Config) -> Config:
     cr = cfg.critic_config
     changes: dict[str, Any] = {f"actor_config.{k}": v for k, v in PLAIN_ACTOR.items()}
     changes.update({f"actor_config.{k}": getattr(cr, k) for k in SHARED_KEYS})
-    changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0, "rl_config.use_kl_in_reward": False})
+    changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0,
+                    "rl_config.use_kl_in_reward": False})
     return with_changes(cfg, changes)
 
 
@@ -139,7 +140,8 @@ class CriticWorker(TrainerWorker):
         for _ in range(epochs):
             self._zero_grad()
 
-            def loss_fn(k: int, mb: dict[str, torch.Tensor], vpred: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            def loss_fn(k: int, mb: dict[str, torch.Tensor], vpred: torch.Tensor
+                        ) -> tuple[torch.Tensor, dict]:
                 return value_loss(vpred, mb["behav"], mb["adv"], mb["mask"], mb["resp_len"],
                                   rl.cliprange_value, rl.loss_agg_mode, norm)
 
@@ -151,7 +153,8 @@ class CriticWorker(TrainerWorker):
         self.step += 1
         self.version += 1
         tokens = max(sums["tokens"], 1.0)
-        return {"critic/vf_loss": sums["vf_loss"] / epochs, "critic/vf_clipfrac": sums["vf_clipped"] / tokens,
+        return {"critic/vf_loss": sums["vf_loss"] / epochs,
+                "critic/vf_clipfrac": sums["vf_clipped"] / tokens,
                 "critic/vpred_mean": sums["vpred_sum"] / tokens, "critic/grad_norm": float(np.mean(norms)),
                 "critic/lr": self.last_lr, "critic/version": float(self.version),
                 "critic/step_time_s": time.perf_counter() - t0}
@@ -171,7 +174,8 @@ def gae_rows(batch: TrainBatch, values: list[list[float]], gamma: float, lam: fl
     for t, v in zip(batch.trajectories, values, strict=True):
         n = len(t.response_token_ids)
         if len(v) != n:
-            raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(v)} values for {n} response tokens")
+            raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(v)} values for {n} "
+                             "response tokens")
         rewards = np.zeros(n)
         if n:
             rewards[-1] = t.reward

@@ -84,7 +84,8 @@ class TrainerGroup:
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**(placement(r, dict(opts)) if placement else opts)).remote()
                        for r in range(self.world_size)]
-        self.names = [f"{'critic' if role == 'critic' else 'trainer'} rank {r}" for r in range(self.world_size)]
+        who = "critic" if role == "critic" else "trainer"
+        self.names = [f"{who} rank {r}" for r in range(self.world_size)]
         self.timeout_s = cfg.trainer.stall_timeout_s  # a step, save or start-up slower than this: a hang
         addr, port = get(self.actors[0].rendezvous.remote(), CALL_S, self.names[0], "rendezvous")
         self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
