@@ -214,7 +214,7 @@ class CriticConfig(Section):
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
-    data_parallel_size: int = 1
+    data_parallel_size: int = 0  # 0 = fill the trainer's ranks: trainer world / (TP x PP)
     micro_batch_size: int = 8
     ppo_epochs: int = 1  # critic updates per TrainBatch (verl critic.ppo_epochs)
     lr: float = 1e-5
@@ -227,6 +227,7 @@ class CriticConfig(Section):
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     use_distributed_optimizer: bool = False
+    sequence_parallel: bool = False  # needs TP > 1
     seed: int = 1234
 
 
@@ -428,7 +429,6 @@ NUMERIC_RANGES: dict[str, Range] = {
     "actor_config.optimizer_offload_fraction": (0, 1, False, False),
     "critic_config.tensor_model_parallel_size": AT_LEAST_1,
     "critic_config.pipeline_model_parallel_size": AT_LEAST_1,
-    "critic_config.data_parallel_size": AT_LEAST_1,
     "critic_config.micro_batch_size": AT_LEAST_1,
     "critic_config.ppo_epochs": AT_LEAST_1,
     "critic_config.lr_warmup_fraction": (0, 1, False, True),
@@ -587,6 +587,9 @@ def critic_problems(cfg: Config) -> list[str]:
     if cfg.trainer.critic_warmup >= cfg.trainer.train_iters:
         out.append(f"trainer.critic_warmup: {cfg.trainer.critic_warmup} steps leave no policy update in "
                    f"trainer.train_iters={cfg.trainer.train_iters}")
+    out += _critic_world_problems(cfg)
+    if cr.sequence_parallel and cr.tensor_model_parallel_size < 2:
+        out.append("critic_config.sequence_parallel: needs tensor_model_parallel_size > 1")
     layers = cfg.model.arch.num_layers or _hf_layers(cfg.model.path)
     pp = cr.pipeline_model_parallel_size
     if layers and pp >= 1 and layers % pp:
@@ -598,6 +601,20 @@ def critic_problems(cfg: Config) -> list[str]:
         out.append(f"critic_config.tensor_model_parallel_size: {tp} does not divide the model's {heads} "
                    "attention heads")
     return out
+
+
+def _critic_world_problems(cfg: Config) -> list[str]:
+    """The critic's ranks sit on the trainer's (colocated): its TP x PP must divide them."""
+    cr, act = cfg.critic_config, cfg.actor_config
+    world = (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+             * act.context_parallel_size)
+    tp_pp = cr.tensor_model_parallel_size * cr.pipeline_model_parallel_size
+    if min(world, tp_pp) < 1 or cr.data_parallel_size:
+        return []
+    if world % tp_pp:
+        return [f"critic_config: TP {cr.tensor_model_parallel_size} x PP {cr.pipeline_model_parallel_size} "
+                f"does not divide the trainer's {world} ranks the critic is colocated with"]
+    return []
 
 
 def _hf_int(path: str, key: str) -> int:
@@ -999,3 +1016,41 @@ def with_changes(cfg: Any, changes: Mapping[str, Any]) -> Any:
     except (AttributeError, TypeError) as exc:
         raise ConfigError(f"config change {sorted(changes)}: {exc}") from None
     return freeze(new) if is_frozen(cfg) else new
+
+
+# PPO: critic_config keys that are actor_config keys of the same meaning
+SHARED_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+               "micro_batch_size", "ppo_epochs", "lr", "min_lr", "lr_decay_style", "lr_warmup_fraction",
+               "weight_decay", "clip_grad", "adam_beta1", "adam_beta2", "adam_eps",
+               "use_distributed_optimizer", "sequence_parallel", "seed")
+# actor features the critic runs without (its own defaults)
+PLAIN_ACTOR: dict[str, Any] = {
+               "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 0, "context_parallel_size": 1,
+               "num_layer_list": [], "load": "", "use_dynamic_bsz": False, "use_remove_padding": False,
+               "recompute_granularity": "", "recompute_method": "",
+               "offload_train_optimizer": False, "offload_train_grad": False, "offload_train_param": False,
+               "lr_warmup_iters": 0, "lr_warmup_init": 0.0, "lr_decay_iters": 0,
+               "weight_decay_incr_style": "constant", "optimizer_cpu_offload": False}
+
+
+def critic_dp(cfg: Config) -> int:
+    """The critic's data-parallel size: `critic_config.data_parallel_size`, or (0) as many replicas as
+    fill the trainer's ranks, on which the critic is colocated (at least 1)."""
+    cr, act = cfg.critic_config, cfg.actor_config
+    if cr.data_parallel_size:
+        return cr.data_parallel_size
+    world = (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+             * act.context_parallel_size)
+    return max(1, world // max(1, cr.tensor_model_parallel_size * cr.pipeline_model_parallel_size))
+
+
+def critic_view(cfg: Config) -> Config:
+    """`cfg` with `actor_config` replaced by the critic's layout and optimizer (`critic_config`), no
+    reference model and no KL or entropy terms: what a `CriticWorker` / its `TrainerGroup` read."""
+    cr = cfg.critic_config
+    changes: dict[str, Any] = {f"actor_config.{k}": v for k, v in PLAIN_ACTOR.items()}
+    changes.update({f"actor_config.{k}": getattr(cr, k) for k in SHARED_KEYS})
+    changes["actor_config.data_parallel_size"] = critic_dp(cfg)
+    changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0,
+                    "rl_config.use_kl_in_reward": False})
+    return with_changes(cfg, changes)

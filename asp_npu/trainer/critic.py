@@ -22,50 +22,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from asp_npu.config import Config, with_changes
+from asp_npu.config import Config, critic_view
 from asp_npu.trainer.batching import Sample, agg_norm
 from asp_npu.trainer.losses import AggNorm, row_weights
 from asp_npu.trainer.worker import TrainerWorker
 from asp_npu.types import TrainBatch
 
-# critic_config keys that are actor_config keys of the same meaning
-SHARED_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-               "micro_batch_size", "ppo_epochs", "lr", "min_lr", "lr_decay_style", "lr_warmup_fraction",
-               "weight_decay", "clip_grad", "adam_beta1", "adam_beta2", "adam_eps",
-               "use_distributed_optimizer", "seed")
-# actor features the critic runs without (its own defaults)
-PLAIN_ACTOR = {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": 0, "context_parallel_size": 1,
-               "num_layer_list": [], "load": "", "use_dynamic_bsz": False, "use_remove_padding": False,
-               "sequence_parallel": False, "recompute_granularity": "", "recompute_method": "",
-               "offload_train_optimizer": False, "offload_train_grad": False, "offload_train_param": False,
-               "lr_warmup_iters": 0, "lr_warmup_init": 0.0, "lr_decay_iters": 0,
-               "weight_decay_incr_style": "constant", "optimizer_cpu_offload": False}
 VALUE_STAT_KEYS = ("vf_loss", "vf_clipped", "vpred_sum", "tokens")
-
-
-def critic_view(cfg: Config) -> Config:
-    """`cfg` with `actor_config` replaced by the critic's layout and optimizer (`critic_config`), no
-    reference model and no KL or entropy terms: what a `CriticWorker` / its `TrainerGroup` read."""
-    cr = cfg.critic_config
-    changes: dict[str, Any] = {f"actor_config.{k}": v for k, v in PLAIN_ACTOR.items()}
-    changes.update({f"actor_config.{k}": getattr(cr, k) for k in SHARED_KEYS})
-    changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0,
-                    "rl_config.use_kl_in_reward": False})
-    return with_changes(cfg, changes)
 
 
 class ValueHead(torch.nn.Module):
     """hidden [s, b, h] -> values [s, b, 1], replicated on every TP rank (called as megatron calls its
-    output layer: `weight=` and `runtime_gather_output=` are ignored)."""
+    output layer: `weight=` and `runtime_gather_output=` are ignored). Under sequence parallelism the
+    hidden states are gathered over TP first; every rank then computes the same values, so the backward
+    only takes its own sequence chunk (no reduce-scatter of identical gradients)."""
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, dtype: torch.dtype, sequence_parallel: bool = False) -> None:
         super().__init__()
+        self.sequence_parallel = sequence_parallel
         self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
         torch.nn.init.zeros_(self.linear.weight)
         torch.nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
                 ) -> tuple[torch.Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return self.linear(hidden), None
 
 
@@ -74,7 +58,8 @@ def value_head_model(model: Any) -> Any:
     embedding (every stage, so no stage waits on the embedding group's gradient all-reduce)."""
     model.share_embeddings_and_output_weights = False
     if getattr(model, "post_process", False):
-        model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype)
+        model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype,
+                                       bool(model.config.sequence_parallel))
     return model
 
 

@@ -65,7 +65,7 @@ class TrainerGroup:
         from asp_npu import device
 
         if role == "critic":
-            from asp_npu.trainer.critic import critic_view
+            from asp_npu.config import critic_view
 
             cfg = critic_view(cfg)
 

@@ -567,6 +567,13 @@ class TrainerWorker:
                 "tokens_per_s": sum(s.length for s in samples) / elapsed, "step_time_s": elapsed,
                 "policy_version": float(self.version)}
 
+    def hold_step(self) -> dict[str, float]:
+        """A step without an update (PPO's critic warm-up, verl `critic_warmup`): the version advances so
+        the rollout's weights refresh stays in order; the weights and the lr schedule stay."""
+        self.step += 1
+        self.version += 1
+        return {"step": float(self.step - 1), "skipped": 1.0, "policy_version": float(self.version)}
+
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -38,19 +38,22 @@ def parity(tmp_path_factory):
     model = str(make_hf_model(tmp_path_factory.mktemp("hf") / "m", tied=True, seed=3))
     one = run_ranks(1, critic_jobs.critic_parity, model, {}, timeout=600)[0]
     two = run_ranks(2, critic_jobs.critic_parity, model, {"tensor_model_parallel_size": 2}, timeout=600)
-    return one, two
+    sp = run_ranks(2, critic_jobs.critic_parity, model, {"tensor_model_parallel_size": 2,
+                                                        "sequence_parallel": True}, timeout=600)
+    return one, two, sp
 
 
 @pytest.mark.slow
-def test_critic_tp2_equals_tp1_after_three_updates(parity):
-    one, two = parity
+@pytest.mark.parametrize("which", [1, 2], ids=["TP2", "TP2 SP"])
+def test_critic_tp2_equals_tp1_after_three_updates(parity, which):
+    one, two = parity[0], parity[which]
     assert two[0]["probe"] == two[1]["probe"]  # every rank answers the same values
     diffs = [abs(a["critic/vf_loss"] - b["critic/vf_loss"])
              for a, b in zip(one["metrics"], two[0]["metrics"], strict=True)]
     probe = max(abs(x - y) for ra, rb in zip(one["probe"], two[0]["probe"], strict=True)
                 for x, y in zip(ra, rb, strict=True))
-    print(f"critic parity TP1 vs TP2 after 3 steps: max |vf_loss diff| {max(diffs):.2e}, "
-          f"max |value diff| {probe:.2e}")
+    print(f"critic parity TP1 vs {'TP2 SP' if which == 2 else 'TP2'} after 3 steps: max |vf_loss diff| "
+          f"{max(diffs):.2e}, max |value diff| {probe:.2e}")
     assert max(diffs) < 1e-5 and probe < 1e-5
     assert one["versions"] == [0, 1, 2]
     # the critic learned: its head left zero and the value loss moved
