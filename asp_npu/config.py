@@ -1053,4 +1053,5 @@ def critic_view(cfg: Config) -> Config:
     changes["actor_config.data_parallel_size"] = critic_dp(cfg)
     changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0,
                     "rl_config.use_kl_in_reward": False})
-    return with_changes(cfg, changes)
+    view: Config = with_changes(cfg, changes)
+    return view

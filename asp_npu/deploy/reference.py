@@ -83,6 +83,11 @@ def _mindspeed_names() -> dict[str, str]:
         src = "rl_config" if section == "rl_config" else "generate_config"
         for key in getattr(ic, attr, ()):
             names.setdefault(f"{section}.{key}", f"`{src}.{key}`")
+    for f in fields(config_module.CriticConfig):  # `_critic_key`: the same names (DP: asp-npu's own)
+        if f.name != "data_parallel_size":
+            names[f"critic_config.{f.name}"] = f"`critic_config.{f.name}`"
+    for key in ("gamma", "lam", "cliprange_value"):  # `_ppo_key`
+        names[f"rl_config.{key}"] = f"`rl_config.{key}`"
     return names
 
 

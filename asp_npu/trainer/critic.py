@@ -161,9 +161,9 @@ def gae_rows(batch: TrainBatch, values: list[list[float]], gamma: float, lam: fl
         if len(v) != n:
             raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(v)} values for {n} "
                              "response tokens")
-        rewards = np.zeros(n)
+        rewards = [0.0] * n
         if n:
-            rewards[-1] = t.reward
+            rewards[-1] = float(t.reward)
         a, r = gae(rewards, v, gamma, lam)
         advs.append(a)
         rets.append(r.tolist())
