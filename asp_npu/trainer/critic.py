@@ -40,9 +40,9 @@ class ValueHead(torch.nn.Module):
     def __init__(self, hidden_size: int, dtype: torch.dtype, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.sequence_parallel = sequence_parallel
-        self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
+        # `weight` / `bias` as megatron's output layer names them (its sharded checkpoint expects them)
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
                 ) -> tuple[torch.Tensor, None]:
@@ -50,7 +50,7 @@ class ValueHead(torch.nn.Module):
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return self.linear(hidden), None
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
 
 
 def value_head_model(model: Any) -> Any:

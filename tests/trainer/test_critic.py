@@ -61,3 +61,12 @@ def test_critic_tp2_equals_tp1_after_three_updates(parity, which):
     losses = [m["critic/vf_loss"] for m in one["metrics"]]
     assert losses[0] != losses[-1] and all(np.isfinite(losses))
     assert max(abs(v) for row in one["probe"] for v in row) > 0
+
+
+@pytest.mark.slow
+def test_critic_checkpoint_round_trip(tmp_path):
+    model = str(make_hf_model(tmp_path / "m", tied=False, seed=4))
+    r = run_ranks(1, critic_jobs.critic_checkpoint, model, str(tmp_path / "ckpt"), timeout=600)[0]
+    assert r["probe_b"] == r["probe_a"] and r["probe_b"][1] != r["fresh"][1]  # weights and version back
+    assert r["next_b"]["critic/vf_loss"] == r["next_a"]["critic/vf_loss"]  # and the optimizer state
+    assert r["next_b"]["critic/version"] == r["next_a"]["critic/version"] == 3.0
