@@ -65,3 +65,5 @@ def test_ppo_trains_the_policy_and_the_critic_with_lag_in_bound(run):
     assert any(r["critic/vpred_mean"] != 0.0 for r in rows[1:])  # ... and the critic learns it
     assert all(r["critic/vf_loss"] > 0 for r in rows)
     assert (run / "logs" / "critic-rank0.log").is_file()
+    # the end-of-run checkpoint holds the critic beside the trainer (resume restores both)
+    assert (run / "checkpoints" / f"iter_{ITERS:07d}" / "critic" / "latest.json").is_file()
