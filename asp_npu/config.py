@@ -210,12 +210,39 @@ class ActorConfig(Section):
 
 
 @dataclass
+class CriticConfig(Section):
+    """The value model of PPO with a critic (`rl_config.adv_estimator: gae`; MindSpeed-RL `critic_config`,
+    verl `critic`): the policy's architecture with a scalar head, initialised from model.path, with its own
+    megatron layout and optimizer (asp_npu/trainer/critic.py). On CPU its ranks share the trainer's cores."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 0  # 0 = fill the trainer's ranks: trainer world / (TP x PP)
+    micro_batch_size: int = 8
+    ppo_epochs: int = 1  # critic updates per TrainBatch (verl critic.ppo_epochs)
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_fraction: float = 0.0
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    use_distributed_optimizer: bool = False
+    sequence_parallel: bool = False  # needs TP > 1
+    seed: int = 1234
+
+
+@dataclass
 class RLConfig(Section):
     """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
 
     mode: str = "asp"  # one of MODES
-    adv_estimator: str = "group_norm"  # group_norm (GRPO) or verl's critic-free estimators (docs/loss.md)
-    gamma: float = 1.0  # reinforce_plus_plus: discount of the per-token return (verl algorithm.gamma)
+    adv_estimator: str = "group_norm"  # group_norm (GRPO), gae (PPO with a critic: critic_config) or a critic-free estimator of verl (docs/loss.md)
+    gamma: float = 1.0  # discount: gae and reinforce_plus_plus (MindSpeed-RL / verl gamma)
+    lam: float = 0.95  # gae: lambda (MindSpeed-RL / verl rl_config.lam)
+    cliprange_value: float = 0.5  # gae: value clipping around the scoring values (0 = off; verl critic)
     n_samples_per_prompt: int = 8  # GRPO group size
     mini_batch_size: int = 32  # samples per trainer step (whole groups)
     max_lag: int = 1  # policy lag bound in versions (0 = synchronous); AReaL max_head_offpolicyness
@@ -290,6 +317,7 @@ class TrainerConfig(Section):
     # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs
     # the steps since the checkpoint; a fault that repeats stops the run after one more try)
     max_restarts: int = 1
+    critic_warmup: int = 0  # gae: the first this many trainer steps update the critic only (verl)
 
 
 @dataclass
@@ -324,6 +352,7 @@ class Config(Section):
     data: DataConfig = field(default_factory=DataConfig)
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
     actor_config: ActorConfig = field(default_factory=ActorConfig)
+    critic_config: CriticConfig = field(default_factory=CriticConfig)
     rl_config: RLConfig = field(default_factory=RLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -418,6 +447,16 @@ NUMERIC_RANGES: dict[str, Range] = {
     "actor_config.adam_beta2": (0, 1, False, True),
     "actor_config.adam_eps": POSITIVE,
     "actor_config.optimizer_offload_fraction": (0, 1, False, False),
+    "critic_config.tensor_model_parallel_size": AT_LEAST_1,
+    "critic_config.pipeline_model_parallel_size": AT_LEAST_1,
+    "critic_config.micro_batch_size": AT_LEAST_1,
+    "critic_config.ppo_epochs": AT_LEAST_1,
+    "critic_config.lr_warmup_fraction": (0, 1, False, True),
+    "critic_config.adam_beta1": (0, 1, False, True),
+    "critic_config.adam_beta2": (0, 1, False, True),
+    "critic_config.adam_eps": POSITIVE,
+    "rl_config.gamma": (0, 1, False, False),
+    "rl_config.lam": (0, 1, False, False),
     "rl_config.n_samples_per_prompt": AT_LEAST_1,
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
@@ -442,14 +481,14 @@ NUMERIC_RANGES: dict[str, Range] = {
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
-ADV_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
+ADV_ESTIMATORS = ("group_norm", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
 # verl's estimators asp-npu knows but cannot run, and what is missing (validation says it in one line)
 UNRUNNABLE_ESTIMATORS = {
     "remax": "needs each prompt's greedy baseline reward (one extra greedy response per prompt), which "
              "the rollout does not generate; rloo or reinforce_plus_plus_baseline take the group as baseline",
 }
 ESTIMATOR_ALIASES = {"grpo": "group_norm"}  # verl's names for ours (the importer maps them)
-GAMMA_ESTIMATORS = ("reinforce_plus_plus",)  # the estimators that read rl_config.gamma
+GAMMA_ESTIMATORS = ("reinforce_plus_plus", "gae")  # the estimators that read rl_config.gamma
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_CTRL_TYPES = ("fixed", "adaptive")  # asp_npu.trainer.losses.KL_CTRL_TYPES
@@ -570,7 +609,79 @@ def validate(cfg: Config) -> list[str]:
     problems += _arch_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _load_megatron_problems(cfg)
+    problems += critic_problems(cfg)
     return problems
+
+
+def critic_problems(cfg: Config) -> list[str]:
+    """PPO with a critic: the critic's layout and schedule, and the keys that only mean something with
+    (or without) it."""
+    rl, cr, out = cfg.rl_config, cfg.critic_config, []
+    if rl.adv_estimator != "gae":
+        changed = [f"critic_config.{f.name}" for f in fields(cr) if getattr(cr, f.name) != f.default]
+        changed += ["trainer.critic_warmup"] * (cfg.trainer.critic_warmup > 0)
+        if changed:
+            out.append(f"{changed[0]}: only used by PPO with a critic (rl_config.adv_estimator=gae), "
+                       f"not '{rl.adv_estimator}'; remove it or set adv_estimator gae")
+        return out
+    if not rl.norm_adv_by_std_in_grpo:
+        out.append("rl_config.norm_adv_by_std_in_grpo: a group_norm (GRPO) key; adv_estimator gae whitens "
+                   "its advantages over the minibatch; remove it")
+    if rl.use_kl_in_reward:
+        out.append("rl_config.use_kl_in_reward: not supported with adv_estimator gae yet (the KL would have "
+                   "to enter each token's reward); use kl_coef in the loss")
+    if cr.lr_decay_style not in LR_DECAY_STYLES:
+        out.append(f"critic_config.lr_decay_style: '{cr.lr_decay_style}' is not {'|'.join(LR_DECAY_STYLES)}")
+    if cr.min_lr > cr.lr:
+        out.append(f"critic_config.min_lr: {cr.min_lr} is above lr {cr.lr}")
+    if cfg.trainer.critic_warmup >= cfg.trainer.train_iters:
+        out.append(f"trainer.critic_warmup: {cfg.trainer.critic_warmup} steps leave no policy update in "
+                   f"trainer.train_iters={cfg.trainer.train_iters}")
+    out += _critic_world_problems(cfg)
+    if cr.sequence_parallel and cr.tensor_model_parallel_size < 2:
+        out.append("critic_config.sequence_parallel: needs tensor_model_parallel_size > 1")
+    layers = cfg.model.arch.num_layers or _hf_layers(cfg.model.path)
+    pp = cr.pipeline_model_parallel_size
+    if layers and pp >= 1 and layers % pp:
+        out.append(f"critic_config.pipeline_model_parallel_size: {pp} does not divide the model's {layers} "
+                   "layers")
+    heads = cfg.model.arch.num_attention_heads or _hf_int(cfg.model.path, "num_attention_heads")
+    tp = cr.tensor_model_parallel_size
+    if heads and tp >= 1 and heads % tp:
+        out.append(f"critic_config.tensor_model_parallel_size: {tp} does not divide the model's {heads} "
+                   "attention heads")
+    return out
+
+
+def _critic_world_problems(cfg: Config) -> list[str]:
+    """The critic's ranks sit on the trainer's (colocated): its TP x PP must divide them."""
+    cr, act = cfg.critic_config, cfg.actor_config
+    world = (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+             * act.context_parallel_size)
+    tp_pp = cr.tensor_model_parallel_size * cr.pipeline_model_parallel_size
+    if min(world, tp_pp) < 1 or cr.data_parallel_size:
+        return []
+    if world % tp_pp:
+        return [f"critic_config: TP {cr.tensor_model_parallel_size} x PP {cr.pipeline_model_parallel_size} "
+                f"does not divide the trainer's {world} ranks the critic is colocated with"]
+    return []
+
+
+def _hf_int(path: str, key: str) -> int:
+    """An integer of model.path/config.json (0: no such file or key)."""
+    import json
+
+    cfg_json = Path(path) / "config.json"
+    if not cfg_json.is_file():
+        return 0
+    try:
+        return int(json.loads(cfg_json.read_text()).get(key, 0) or 0)
+    except (ValueError, OSError):
+        return 0
+
+
+def _hf_layers(path: str) -> int:
+    return _hf_int(path, "num_hidden_layers")
 
 
 def _reward_problems(cfg: Config) -> list[str]:
@@ -972,3 +1083,42 @@ def with_changes(cfg: Any, changes: Mapping[str, Any]) -> Any:
     except (AttributeError, TypeError) as exc:
         raise ConfigError(f"config change {sorted(changes)}: {exc}") from None
     return freeze(new) if is_frozen(cfg) else new
+
+
+# PPO: critic_config keys that are actor_config keys of the same meaning
+SHARED_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+               "micro_batch_size", "ppo_epochs", "lr", "min_lr", "lr_decay_style", "lr_warmup_fraction",
+               "weight_decay", "clip_grad", "adam_beta1", "adam_beta2", "adam_eps",
+               "use_distributed_optimizer", "sequence_parallel", "seed")
+# actor features the critic runs without (its own defaults)
+PLAIN_ACTOR: dict[str, Any] = {
+               "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 0, "context_parallel_size": 1,
+               "num_layer_list": [], "load": "", "use_dynamic_bsz": False, "use_remove_padding": False,
+               "recompute_granularity": "", "recompute_method": "",
+               "offload_train_optimizer": False, "offload_train_grad": False, "offload_train_param": False,
+               "lr_warmup_iters": 0, "lr_warmup_init": 0.0, "lr_decay_iters": 0,
+               "weight_decay_incr_style": "constant", "optimizer_cpu_offload": False}
+
+
+def critic_dp(cfg: Config) -> int:
+    """The critic's data-parallel size: `critic_config.data_parallel_size`, or (0) as many replicas as
+    fill the trainer's ranks, on which the critic is colocated (at least 1)."""
+    cr, act = cfg.critic_config, cfg.actor_config
+    if cr.data_parallel_size:
+        return cr.data_parallel_size
+    world = (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+             * act.context_parallel_size)
+    return max(1, world // max(1, cr.tensor_model_parallel_size * cr.pipeline_model_parallel_size))
+
+
+def critic_view(cfg: Config) -> Config:
+    """`cfg` with `actor_config` replaced by the critic's layout and optimizer (`critic_config`), no
+    reference model and no KL or entropy terms: what a `CriticWorker` / its `TrainerGroup` read."""
+    cr = cfg.critic_config
+    changes: dict[str, Any] = {f"actor_config.{k}": v for k, v in PLAIN_ACTOR.items()}
+    changes.update({f"actor_config.{k}": getattr(cr, k) for k in SHARED_KEYS})
+    changes["actor_config.data_parallel_size"] = critic_dp(cfg)
+    changes.update({"rl_config.kl_coef": 0.0, "rl_config.entropy_coeff": 0.0,
+                    "rl_config.use_kl_in_reward": False})
+    view: Config = with_changes(cfg, changes)
+    return view

@@ -95,6 +95,7 @@ class TrainBatch:
     trajectories: list[Trajectory]
     group_size: int
     step: int = -1  # trainer step that will consume it
+    advantages: list[list[float]] | None = None  # per response token (PPO's GAE); None = the estimator's
 
     @property
     def num_samples(self) -> int:

@@ -36,6 +36,9 @@ ASP_LAG_FOR_SYNC_CONFIGS = 2  # a synchronous (lag 0) config: ASP is estimated a
 # plus the fp32 gradient down and the bf16 parameter up over PCIe 4.0 x16 (~25 GB/s): 6 B = 0.24e-9 s.
 HOST_OPTIMIZER_S_PER_PARAM = 2.24e-9
 FULL_RECOMPUTE_FACTOR = 1.2  # update 6N + old-logprob 2N + ref 2N, plus a second 2N forward of the update
+# PPO's critic on the trainer's devices: its scoring forward 2N and update 6N per token after the policy's
+# update 6N + old-logprob 2N + ref 2N
+CRITIC_FACTOR = 1.8
 
 
 def trainer_layout_costs(cfg: Config, lay: Deployment) -> tuple[float, float]:
@@ -48,6 +51,8 @@ def trainer_layout_costs(cfg: Config, lay: Deployment) -> tuple[float, float]:
         1, per_rank // act.micro_batch_size)
     factor = (1 + (act.pipeline_model_parallel_size - 1) / micro) * (
         FULL_RECOMPUTE_FACTOR if act.recompute_granularity == "full" else 1.0)
+    if rl.adv_estimator == "gae":
+        factor *= CRITIC_FACTOR
     host_step = offloaded_params(cfg, lay.arch) * HOST_OPTIMIZER_S_PER_PARAM if lay.arch is not None else 0.0
     return factor, host_step
 

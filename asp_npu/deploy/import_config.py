@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +145,6 @@ _SHUFFLE = ("no effect on the trained result: an asp-npu trainer step is one min
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
 _REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
-    "critic_config": "PPO with a critic (adv_estimator gae) is not supported: asp-npu trains with GRPO-style "
-    "group advantages; use a grpo_* or dapo_* config",
-    "rl_config.critic_resource": "PPO with a critic is not supported: asp-npu trains with group advantages",
     "rl_config.multi_turn_enable": "multi-turn tool-calling rollouts are not supported: asp-npu generates "
     "single-turn responses",
     "megatron_training.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
@@ -275,8 +272,8 @@ _RL_REASONS = {
         ),
         _LOG,
     ),
-    "gamma": "GAE discount: GRPO group_norm advantages do not use it",
-    "lam": "GAE lambda: GRPO group_norm advantages do not use it",
+    "gamma": "GAE discount: group_norm advantages do not use it (adv_estimator gae maps it)",
+    "lam": "GAE lambda: group_norm advantages do not use it (adv_estimator gae maps it)",
     **dict.fromkeys(("shuffle_mini_batch", "shuffle_minibatch"), _SHUFFLE),
     **dict.fromkeys(
         ("rule_reward", "verifier_function", "verifier_weight", "verifier_parallel", "verifier_timeout"),
@@ -288,7 +285,7 @@ _RL_REASONS = {
         "equal and refills every minibatch to mini_batch_size",
     ),
     "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
-    "cliprange_value": "value clipping needs a critic; PPO with a critic is not supported",
+    "cliprange_value": "value clipping needs a critic (adv_estimator gae maps it)",
     "async_engine": "multi-turn rollouts are not supported",
     "rollout_max_tokens": "DAPO's overlong-buffer length; the response cap is sampling_config.max_tokens",
     "max_packing_token_size": "actor_config.ppo_max_token_len_per_gpu holds the update's token budget",
@@ -354,7 +351,8 @@ def _flatten(d: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in d.items():
         key = f"{prefix}.{k}"
-        if isinstance(v, dict) and k in ("sampling_config", "actor_resource", "integrated_mode_config"):
+        if isinstance(v, dict) and k in ("sampling_config", "actor_resource", "critic_resource",
+                                         "integrated_mode_config"):
             out += _flatten(v, key)
         else:
             out.append((key, v))
@@ -565,9 +563,50 @@ def _loss_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> bool
     return True
 
 
+def _critic_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> bool:
+    """critic_config keys (PPO's value model: asp_npu/trainer/critic.py); False = not one asp-npu maps."""
+    from asp_npu.config import CriticConfig
+
+    leaf = key.split(".")[-1]
+    if leaf not in {f.name for f in fields(CriticConfig)} or leaf == "data_parallel_size":
+        return False
+    default = getattr(CriticConfig(), leaf)
+    convert = _as_float if isinstance(default, float) else _as_int if isinstance(default, int) and not \
+        isinstance(default, bool) else (lambda _k, v: v)
+    tr.set(key, f"critic_config.{leaf}", convert(key, value))
+    return True
+
+
+def _critic_defaults(ms: dict[str, Any], tr: Translation) -> None:
+    """MindSpeed-RL's critic reads megatron_training too: its distributed optimizer, sequence
+    parallelism and seed."""
+    if "critic_config" not in ms:
+        return
+    mt, cr = ms.get("megatron_training") or {}, ms.get("critic_config") or {}
+    for leaf in ("use_distributed_optimizer", "sequence_parallel", "seed"):
+        if mt.get(leaf) is not None and leaf not in cr:
+            value = mt[leaf] if leaf != "seed" else _as_int(leaf, mt[leaf])
+            tr.out.setdefault("critic_config", {})[leaf] = value
+
+
+def _ppo_key(ms: dict[str, Any], tr: Translation, key: str, value: Any) -> bool:
+    """GAE's rl_config keys, mapped when the config trains PPO with a critic; False = not one."""
+    leaf = key.split(".")[-1]
+    if leaf == "num_npus" and key.startswith("rl_config.critic_resource"):
+        tr.mapped.append(key)
+        tr.notes.append(f"{key}={value}: asp-npu colocates the critic with the trainer ranks (their NPUs); "
+                        "critic_config.data_parallel_size 0 fills them")
+        return True
+    gae = (ms.get("rl_config") or {}).get("adv_estimator") == "gae"
+    if gae and leaf in ("gamma", "lam", "cliprange_value"):
+        tr.set(key, f"rl_config.{leaf}", _as_float(key, value))
+        return True
+    return False
+
+
 def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
     """rl_config keys; False = not one asp-npu maps."""
-    if _loss_key(ms, tr, key, value) or _rl_batch_key(tr, key, value):
+    if _loss_key(ms, tr, key, value) or _rl_batch_key(tr, key, value) or _ppo_key(ms, tr, key, value):
         return True
     leaf = key.split(".")[-1]
     if leaf in ("use_wandb", "use_swanlab", "wandb_project", "wandb_exp_name"):
@@ -774,9 +813,16 @@ def _generate_key(ms: dict[str, Any], tr: Translation, colocated: bool, key: str
     return True
 
 
+_CRITIC_REASONS = {
+    "model": "the critic is the policy's model (model.path) with a value head",
+    **dict.fromkeys(("finetune", "load", "save", "no_load_optim", "no_load_rng"),
+                    "the critic starts from model.path's HF weights (value head zero-initialised); critic "
+                    "checkpoints are not written yet"),
+}
 _SECTIONS = {
     "megatron_training": _TRAINING_REASONS,
     "actor_config": _TRAINING_REASONS,
+    "critic_config": _CRITIC_REASONS,
     "rl_config": _RL_REASONS,
     "generate_config": _GEN_REASONS,
 }
@@ -799,6 +845,7 @@ def _translate_keys(ms: dict[str, Any], tr: Translation, mode: str) -> tuple[int
             elif key in _IMPLIED_DEFAULTS:
                 _implied_key(tr, key, value)
             elif not (_training_key(ms, tr, found, key, value) if top in _TRAINING_SECTIONS
+                      else _critic_key(ms, tr, key, value) if top == "critic_config"
                       else _rl_key(ms, tr, found, key, value) if top == "rl_config"
                       else _generate_key(ms, tr, colocated, key, value)):
                 tr.skip(key, _SECTIONS[top].get(key.split(".")[-1]) or "no asp-npu equivalent")
@@ -1076,6 +1123,7 @@ def translate(ms: dict[str, Any], source: Path, card: str | None = None, mode: s
     _optimizer_defaults(ms, tr)
     _reward_defaults(ms, tr)
     _filter_metric_default(ms, tr)
+    _critic_defaults(ms, tr)
     names = ([model_name] if model_name else []) + _model_names(ms.get("defaults"))
     arch = _find_arch(names, source, tr)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from asp_npu.arch import ModelDims
-from asp_npu.config import COLOCATED_MODES, Config
+from asp_npu.config import COLOCATED_MODES, Config, critic_dp
 from asp_npu.core.layout import stage_problems
 from asp_npu.core.shape import trainer_world
 from asp_npu.deploy.arch import TRAINER_CANNOT_BUILD, resolve_arch
@@ -20,6 +20,7 @@ from asp_npu.deploy.memory import (
     RUNTIME_RESERVE_GIB,
     Card,
     MemoryEstimate,
+    critic_memory,
     instance_memory,
     instance_npus,
     seq_len,
@@ -327,6 +328,31 @@ def _batches(cfg: Config, lay: Deployment) -> None:
         )
 
 
+def _critic_memory(cfg: Config, arch: ModelDims, lay: Deployment, trainer: list[MemoryEstimate]) -> None:
+    """PPO's critic, colocated with the trainer ranks: its rows, its ranks fit on the trainer's NPUs, and
+    one trainer NPU holds its trainer stage and a critic stage (one runtime reserve)."""
+    critic = critic_memory(cfg, arch, lay.card)
+    if not critic:
+        return
+    lay.memory.extend(critic)
+    cr, act = cfg.critic_config, cfg.actor_config
+    c_world = cr.tensor_model_parallel_size * cr.pipeline_model_parallel_size * critic_dp(cfg)
+    t_world = (act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size
+               * act.context_parallel_size)
+    if c_world > t_world:
+        lay.problems.append(f"critic_config: TP x PP x DP = {c_world} critic ranks, more than the {t_world} "
+                            "trainer ranks it is colocated with; lower critic_config.data_parallel_size "
+                            "(0: fill the trainer's ranks)")
+    both = max(t.total_gib for t in trainer) + max(c.total_gib - c.parts["runtime"] for c in critic)
+    if both > lay.card.memory_gib:
+        lay.problems.append(f"memory: a trainer NPU holds its trainer stage and a critic stage, ~{both:.1f} "
+                            f"GiB > {lay.card.memory_gib:.0f} GiB per {lay.card.name}; raise critic_config "
+                            "TP/PP, "
+                            "or set critic_config.use_distributed_optimizer with data_parallel_size > 1")
+    lay.warnings.append(f"PPO critic colocated with the trainer ranks: ~{both:.1f} GiB per trainer NPU with "
+                        "both (the pipeline starts the critic on CPU only so far)")
+
+
 def _memory(cfg: Config, arch: ModelDims, lay: Deployment) -> None:
     gen = cfg.generate_config
     if not 0 < gen.gpu_memory_utilization <= 1:
@@ -373,6 +399,7 @@ def _memory(cfg: Config, arch: ModelDims, lay: Deployment) -> None:
                 "use_distributed_optimizer with DP > 1, recompute_granularity=full, or a smaller "
                 "micro_batch_size"
             )
+    _critic_memory(cfg, arch, lay, trainer)
     if lay.colocated:
         inst.notes.append(
             "trainer phase: the engines sleep (vLLM sleep mode level 1: weights to host, KV cache freed), "

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 
 from asp_npu.arch import ModelDims
-from asp_npu.config import Config
+from asp_npu.config import Config, critic_view
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 3.0  # CANN/HCCL workspaces and buffers (HCCL_BUFFSIZE per comm group), allocator slack
@@ -200,6 +200,22 @@ def trainer_memory(cfg: Config, arch: ModelDims, card: Card) -> list[MemoryEstim
         return ests
     middle = max(ests[1:-1], key=lambda e: e.total_gib)
     return [ests[0], middle, ests[-1]]
+
+
+def critic_memory(cfg: Config, arch: ModelDims, card: Card) -> list[MemoryEstimate]:
+    """PPO's value model (`rl_config.adv_estimator: gae`) per NPU in its own layout (`critic_config`):
+    the trainer's components of `critic_view(cfg)` (no reference model), no vocabulary logits (a
+    one-output head; its vocabulary-sized output layer is still counted in the weights: conservative).
+    Empty without a critic. It is colocated with the trainer ranks: a trainer NPU holds both."""
+    if cfg.rl_config.adv_estimator != "gae":
+        return []
+    out = []
+    for est in trainer_memory(critic_view(cfg), arch, card):
+        est.parts["logits"] = 0.0
+        est.role = est.role.replace("trainer", "critic")
+        est.notes.append("value head hidden -> 1 (no vocabulary logits); on the trainer ranks' NPUs")
+        out.append(est)
+    return out
 
 
 def stage_memory(cfg: Config, arch: ModelDims, card: Card, stage: int) -> MemoryEstimate:

@@ -82,6 +82,11 @@ def _mindspeed_names() -> dict[str, str]:
     for attr, section in same:  # the same section path there (sampling_config included)
         for key in getattr(ic, attr, ()):
             names.setdefault(f"{section}.{key}", f"`{section}.{key}`")
+    for f in fields(config_module.CriticConfig):  # `_critic_key`: the same names (DP: asp-npu's own)
+        if f.name != "data_parallel_size":
+            names[f"critic_config.{f.name}"] = f"`critic_config.{f.name}`"
+    for key in ("gamma", "lam", "cliprange_value"):  # `_ppo_key`
+        names[f"rl_config.{key}"] = f"`rl_config.{key}`"
     return names
 
 

@@ -201,7 +201,7 @@ class Controller:
         """One trainer step; with `gather`, also the new weights for a refresh (same thread, in order)."""
         assert self.weights is not None
         t0 = time.time()
-        out = self.fleet.trainer.train_step(TrainBatch(mb.trajectories, self.shape.group_size, self.step))
+        out = self.fleet.train_step(TrainBatch(mb.trajectories, self.shape.group_size, self.step))
         t1 = time.time()
         return out, t0, t1, self.weights.gather() if gather else None
 

@@ -42,6 +42,8 @@ class Fleet:
         self.placement = self._place(per_node)
         self.cluster = ClusterPlacement(cfg, kind, self.shape, self._layout_devices(per_node))
         self.trainer: Any = None
+        self.critic: Any = None  # PPO's value model (rl_config.adv_estimator gae): pipeline/ppo.py
+        self.ppo: Any = None
         self.instances: list[Any] = []
         self.queue: Any = None
         self._owns_ray = False
@@ -122,7 +124,32 @@ class Fleet:
                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
                                           placement=self.placement, options_for=self._instance_options)
         self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options)
+        if self.cfg.rl_config.adv_estimator == "gae":
+            self._start_critic()
         self._warm_up(warmup)
+
+    def _start_critic(self) -> None:
+        """PPO's critic ranks, colocated with the trainer ranks (their bundles and cores, no CPU of
+        their own in Ray's count); on accelerators a critic on its own devices is not built yet."""
+        from asp_npu.errors import UserError
+        from asp_npu.pipeline.ppo import PPOStep
+        from asp_npu.trainer.group import TrainerGroup
+
+        if not spec(self.kind).shared_cores:  # type: ignore[arg-type]
+            raise UserError(f"rl_config.adv_estimator: gae runs its critic colocated with the trainer on "
+                            f"CPU only; not on '{self.kind}' yet")
+        self.critic = TrainerGroup(self.cfg, cpus_per_rank=0, placement=self._critic_options, role="critic")
+        self.ppo = PPOStep(self.cfg, self.trainer, self.critic)
+
+    def _critic_options(self, rank: int, options: dict[str, Any]) -> dict[str, Any]:
+        """Critic rank's actor options: the bundle of trainer rank `rank mod trainer ranks`, its output to
+        logs/critic-rank<r>.log."""
+        out = {**options, **self.cluster.trainer_options(rank % self.shape.trainer_world)}
+        return with_log(out, log_path(self.cfg.trainer.run_dir, f"critic-rank{rank}"))
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One trainer step: the policy's (GRPO-style estimators), or PPO's policy and critic."""
+        return self.ppo.step(batch) if self.ppo is not None else self.trainer.train_step(batch)
 
     def _instance_options(self, i: int, options: dict[str, Any]) -> dict[str, Any]:
         """Instance i's actor options in its placement group, its output to logs/instance-i.log."""
@@ -335,9 +362,10 @@ class Fleet:
                 for a in self.instances:
                     kill_quietly(a)
                 self.instances = []
-            if self.trainer is not None:
-                self.trainer.shutdown()
-                self.trainer = None
+            for group in (self.critic, self.trainer):
+                if group is not None:
+                    group.shutdown()
+            self.trainer = self.critic = self.ppo = None
         finally:
             if self.queue is not None:
                 kill_quietly(self.queue)

@@ -162,7 +162,8 @@ class Recorder:
             "async/staleness_steps_max": float(max(step - t.policy_version for t in trajs)),
             M.QUEUE_OCCUPANCY: mb.queued_before * self.shape.group_size,
             M.TRAINER_IDLE: 1.0 - (t1 - t0) / it_s if it_s > 0 else 0.0,
-            **{f"actor/{k}": v for k, v in out.items() if isinstance(v, int | float)},
+            **{k if k.startswith("critic/") else f"actor/{k}": v for k, v in out.items()
+               if isinstance(v, int | float)},  # the critic's in verl's names (PPO)
         }
         self.arrived_tokens = 0
         return row

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from asp_npu.pipeline.recorder import Recorder
 
 STATE = "pipeline.pkl"
+CRITIC = "critic"  # PPO: the critic's checkpoint root inside a trainer iteration folder
 SCHEMA = "asp-pipeline-state/1"
 PROBE = 256  # prompts whose predictions are kept to check the restored predictor
 
@@ -144,6 +145,8 @@ def save(ctrl: RunState, reason: str) -> Path:
     """Trainer shards, then the pipeline's state, then the pointer; returns the iteration folder."""
     root = checkpoint_root(ctrl)
     it = Path(ctrl.fleet.trainer.save(str(root), False))
+    if ctrl.fleet.critic is not None:  # PPO: the critic's own checkpoint inside the iteration folder
+        ctrl.fleet.critic.save(str(it / CRITIC), True)
     state = capture(ctrl)
     atomic_write(it / STATE, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     commit_checkpoint(root, it, pipeline=STATE)
@@ -172,12 +175,25 @@ def load_state(path: str | Path) -> PipelineState | None:
     return state if getattr(state, "schema", None) == SCHEMA else None
 
 
+def restore_critic(fleet: Fleet, load: str) -> None:
+    """PPO's critic from the checkpoint's `critic/` (its weights, optimizer, version); one line if absent."""
+    folder = Path(read_meta(load)["path"]) / CRITIC
+    if not folder.is_dir():
+        raise ConfigError(f"actor_config.load: {load} holds no critic checkpoint ({folder}); a PPO run "
+                          "(adv_estimator gae) resumes from a checkpoint of one")
+    meta = fleet.critic.load(str(folder))
+    fleet.ppo.critic_version = int(meta["policy_version"])
+    fleet.ppo.steps = int(meta["step"])
+
+
 def restore(ctrl: RunState, load: str) -> None:
     """Trainer from `load`; with a pipeline state also the queue, the ledger, the data position (the
     pending groups planned again) and the predictor. A trainer-only checkpoint resumes at its
     iteration boundary (preflight checked it is one)."""
     meta = ctrl.fleet.trainer.load(load)
     ctrl.step = ctrl.base = ctrl.saved = int(meta["step"])
+    if ctrl.fleet.critic is not None:
+        restore_critic(ctrl.fleet, load)
     state = load_state(load)
     if state is not None:
         ctrl.base = state.base

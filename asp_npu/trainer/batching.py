@@ -98,6 +98,8 @@ def batch_advantages(batch: TrainBatch, est: Estimator | None = None,
     rows = [token_rewards(t, pen.get(i)) for i, t in enumerate(trajs)]
     if est.name == "reinforce_plus_plus":
         return [a.tolist() for a in reinforce_plus_plus(rows, [_trained(t) for t in trajs], est.gamma)]
+    if est.name == "gae":
+        raise ValueError("adv_estimator gae: the advantages come from the critic (TrainBatch.advantages)")
     if est.name == "remax":
         raise ValueError("adv_estimator remax needs each prompt's greedy baseline reward, which the "
                          "rollout does not generate")
@@ -130,7 +132,8 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
         k, n = next(iter(bad.items()))
         raise ValueError(f"TrainBatch holds an incomplete group: prompt {k[0]} has {n} samples, "
                          f"group_size is {batch.group_size}")
-    adv = batch_advantages(batch, est)
+    given = batch.advantages  # PPO: GAE from the critic, one row per trajectory
+    adv = batch_advantages(batch, est) if given is None else [list(row) for row in given]
     drop = equal_reward_groups(rewards, keys) if drop_equal_groups else set()
     samples = []
     for i, (t, k) in enumerate(zip(trajs, keys, strict=True)):
@@ -140,7 +143,9 @@ def batch_to_samples(batch: TrainBatch, drop_equal_groups: bool,
             raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx}: {len(t.logprobs)} logprobs for "
                              f"{len(t.response_token_ids)} response tokens")
         samples.append(Sample(i, list(t.prompt_token_ids) + list(t.response_token_ids),
-                              len(t.prompt_token_ids), adv[i], list(t.logprobs),
+                              len(t.prompt_token_ids),
+                              adv[i],
+                              list(t.logprobs),
                               list(t.loss_mask) or None))
     return samples, len(drop)
 

@@ -37,7 +37,13 @@ class TrainerRank:
         rendezvous_file(ip, port, fresh=True)  # a loopback group meets in a file (parallel.init_parallel)
         return ip, port
 
-    def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int) -> None:
+    def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int,
+             role: str = "policy") -> None:
+        if role == "critic":
+            from asp_npu.trainer.critic import CriticWorker
+
+            self.worker = CriticWorker(cfg, rank, world_size, addr, port, local_rank)
+            return
         from asp_npu.trainer.worker import TrainerWorker
 
         self.worker = TrainerWorker(cfg, rank, world_size, addr, port, local_rank)
@@ -50,12 +56,18 @@ class TrainerGroup:
     """`world_size` trainer ranks as Ray actors; `train_step`, `get_hf_weights`, `save`, `load`."""
 
     def __init__(self, cfg: Config, world_size: int | None = None,
-                 cpus_per_rank: float | None = None, placement: Any = None) -> None:
+                 cpus_per_rank: float | None = None, placement: Any = None, role: str = "policy") -> None:
         """`cpus_per_rank` overrides the Ray CPU reservation (e.g. 0 when rollout engines hold the cores);
-        `placement(rank, options)` gives rank's actor options (its placement-group bundle, its log file)."""
+        `placement(rank, options)` gives rank's actor options (its placement-group bundle, its log file);
+        `role` "critic": PPO's value model (`trainer.critic`) in the layout of `critic_config`."""
         import ray
 
         from asp_npu import device
+
+        if role == "critic":
+            from asp_npu.config import critic_view
+
+            cfg = critic_view(cfg)
 
         act = cfg.actor_config
         tp, pp, dp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size, act.data_parallel_size
@@ -72,17 +84,22 @@ class TrainerGroup:
         actor_cls = ray.remote(TrainerRank)
         self.actors = [actor_cls.options(**(placement(r, dict(opts)) if placement else opts)).remote()
                        for r in range(self.world_size)]
-        self.names = [f"trainer rank {r}" for r in range(self.world_size)]
+        who = "critic" if role == "critic" else "trainer"
+        self.names = [f"{who} rank {r}" for r in range(self.world_size)]
         self.timeout_s = cfg.trainer.stall_timeout_s  # a step, save or start-up slower than this: a hang
         addr, port = get(self.actors[0].rendezvous.remote(), CALL_S, self.names[0], "rendezvous")
         self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
-        get([a.init.remote(cfg, r, self.world_size, addr, port, 0) for r, a in enumerate(self.actors)],
+        get([a.init.remote(cfg, r, self.world_size, addr, port, 0, role) for r, a in enumerate(self.actors)],
             self.timeout_s, self.names, "start-up")
         self.version = 0
 
     def _all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         return get([a.call.remote(method, *args) for a in self.actors], timeout or self.timeout_s, self.names,
                    method)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer of a worker method every rank runs (e.g. the critic's `values`)."""
+        return self._all(method, *args)[0]
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         import ray

@@ -125,7 +125,7 @@ class TrainerWorker:
             model = build_model(self.dims, self.layout, dtype, overrides, cp_gather,
                                 packed_split).to(self.torch_device)
             load_hf_into_model(model, state, self.dims, self.layout)
-            return model
+            return self._adapt(model)
 
         self.module = loaded_model(hf)
         self.ref_model = None
@@ -145,6 +145,10 @@ class TrainerWorker:
             self.module.config.grad_scale_func = self.optimizer.scale_loss
         self.offload = {"optimizer": Offloader("optimizer") if act.offload_train_optimizer else None,
                         "param": Offloader("param") if act.offload_train_param else None}
+
+    def _adapt(self, model: Any) -> Any:
+        """The loaded model as this worker trains it (the policy: as is; the critic: a value head)."""
+        return model
 
     # ------------------------------------------------------------------ offload (colocated modes)
     def offload_train_state(self) -> None:
@@ -572,6 +576,13 @@ class TrainerWorker:
         return {"loss": sums["loss"], "grad_norm": grad_norm, "response_tokens": sums["tokens"],
                 "tokens_per_s": sum(s.length for s in samples) / elapsed, "step_time_s": elapsed,
                 "policy_version": float(self.version)}
+
+    def hold_step(self) -> dict[str, float]:
+        """A step without an update (PPO's critic warm-up, verl `critic_warmup`): the version advances so
+        the rollout's weights refresh stays in order; the weights and the lr schedule stay."""
+        self.step += 1
+        self.version += 1
+        return {"step": float(self.step - 1), "skipped": 1.0, "policy_version": float(self.version)}
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -114,17 +114,51 @@ def test_card_from_file_name() -> None:
 FIXTURES = FIXTURE.parent
 
 
-def test_ppo_with_a_critic_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ppo_with_a_critic_imports_and_check_lists_the_critic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MindSpeed-RL's critic_config maps to ours (its layout, optimizer), gamma / lam / cliprange_value
+    to rl_config; `check` lists the critic's memory rows beside the trainer's and passes."""
     out = tmp_path / "o.yaml"
-    assert (
-        cli_main(
-            ["import-config", "mindspeed-rl", str(FIXTURES / "ppo_critic_demo_A2.yaml"), "--out", str(out)]
-        )
-        == 2
-    )
+    src = FIXTURES / "ppo_critic_demo_A2.yaml"
+    rc = cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    cfg = load_config(str(out), check=False)
+    assert cfg.rl_config.adv_estimator == "gae"
+    assert cfg.critic_config.tensor_model_parallel_size == 4
+    assert cfg.critic_config.data_parallel_size == 0  # fills the trainer's ranks it is colocated with
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(out), "--no-sim"]) == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    assert "\ncritic" in text and "\ntrainer" in text and "PPO critic colocated" in text
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("critic_config.tensor_model_parallel_size=3", "critic_config"),
+    ("rl_config.norm_adv_by_std_in_grpo=false", "rl_config.norm_adv_by_std_in_grpo: a group_norm"),
+    ("critic_config.lr=1e-6", None),  # fine with gae ...
+])
+def test_bad_critic_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str,
+                                      expected: str | None) -> None:
+    out = tmp_path / "o.yaml"
+    src = FIXTURES / "ppo_critic_demo_A2.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out)]) == 0
+    capsys.readouterr()
+    rc = cli_main(["check", "--config", str(out), "--no-sim", override])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "critic_config: PPO with a critic" in err[0]
-    assert not out.exists()
+    if expected is None:
+        assert rc == 0, err
+        return
+    assert rc == 2 and any(expected in line for line in err), err
+
+
+def test_critic_keys_without_gae_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(FIXTURE), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(out), "--no-sim", "critic_config.lr=1e-6"]) == 2
+    err = capsys.readouterr().err
+    assert "critic_config.lr: only used by PPO with a critic" in err
 
 
 def test_split_that_cannot_fit_names_the_mode_that_does(
