@@ -35,7 +35,7 @@ from typing import Any
 
 from asp_npu.errors import UserError
 
-ToolFn = Callable[..., "str | Awaitable[str]"]
+ToolFn = Callable[..., Any]  # -> str | ToolResult, or a coroutine of one
 ERRORS = ("unknown_tool", "bad_arguments", "timeout", "crash", "output_cap")
 
 
