@@ -38,14 +38,14 @@ class ScriptedEngine:
 
     max_model_len = 4096
 
-    def __init__(self, script: list[str], versions: list[object] | None = None) -> None:
+    def __init__(self, script: list[str], versions: list[object] | None = None, tokenizer=None) -> None:
         self.script, self.versions = list(script), list(versions or [])
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = tokenizer or CharTokenizer()
         self.contexts: list[list[int]] = []
         self.log: list[str] = []
 
     def encode_prompt(self, item: PromptItem) -> list[int]:
-        return self.tokenizer.encode(item.text or "")
+        return self.tokenizer.encode(item.text or "", add_special_tokens=False)
 
     def track(self, pid: str, idx: int) -> None:
         self.log.append("track")
@@ -60,7 +60,7 @@ class ScriptedEngine:
         assert item.ground_truth is None  # turns are not scored
         self.contexts.append(list(ids))
         text = self.script.pop(0)
-        toks = self.tokenizer.encode(text) + [EOS]
+        toks = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
         finish = "stop"
         if len(toks) > sampling.max_tokens:
             toks, finish = toks[: sampling.max_tokens], "length"
@@ -198,6 +198,14 @@ def test_tool_turn_in_the_tiny_models_chat_template():
     tok = build_tokenizer(400)
     text = tool_turn_text(tok, ["42"])
     assert text == "\n<|tool|>\n42</s>\n<|assistant|>\n"
+    # the calc task's SFT target is token for token what a rollout builds when the model makes the call
+    from asp_npu.data.tasks import calc_call, make_prompts, tool_transcript_ids
+
+    item = make_prompts("calc", 1, seed=3)[0]
+    eng = ScriptedEngine([calc_call(item.text), str(item.ground_truth)], tokenizer=tok)
+    t = run(eng, item=item)
+    assert t.response_token_ids == tool_transcript_ids(item, tok)
+    assert (t.reward, t.tool_calls, t.tool_failures) == (1.0, 1, 0)
 
 
 def test_config_to_spec_and_metrics(tmp_path):
