@@ -30,7 +30,7 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e_multi_turn")
     model = build_model_dir(root / "tiny", "tiny", seed=0)
     sft = root / "sft"
-    assert cli_main(["sft", "--config", CONFIG, "--out", str(sft), f"model.path={model}", "sft.steps=300",
+    assert cli_main(["sft", "--config", CONFIG, "--out", str(sft), f"model.path={model}",
                      "sft.eval_prompts=8"]) == 0
     out = root / "run"
     assert cli_main(["train", "--config", CONFIG, f"model.path={sft}", "trainer.train_iters=2",
