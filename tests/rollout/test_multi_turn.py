@@ -159,7 +159,7 @@ def test_failing_tools_are_answered_with_errors_and_the_trajectory_goes_on():
              + "<tool_call>{not json}</tool_call>" + render_tool_call("nope", {}))
     eng = ScriptedEngine([calls, "done"])
     spec = MultiTurnSpec(tools=("calculator", "t_hang"), max_parallel_calls=3, max_tool_calls=9,
-                         tool_timeout_s=0.3, max_total_response_length=2000)
+                         tool_timeout_s=3.0, max_total_response_length=2000)  # calculator: ~0.2 s
     t = run(eng, spec)
     assert (t.finish_reason, t.turns, t.tool_calls, t.tool_failures) == ("stop", 2, 3, 3)
     text = eng.tokenizer.decode([x for x, m in zip(t.response_token_ids, t.loss_mask, strict=True) if not m])

@@ -42,12 +42,12 @@ def test_a_hanging_tool_is_cut_at_its_wall_timeout():
     t0 = time.perf_counter()
     r = run(run_sandboxed("python", "import time; time.sleep(60)", LIM))
     assert r.error == "timeout" and "timed out" in r.text
-    assert time.perf_counter() - t0 < LIM.timeout_s + 2
+    assert time.perf_counter() - t0 < LIM.timeout_s + 5
 
 
 def test_a_spinning_tool_is_cut_at_its_cpu_limit():
-    r = run(run_sandboxed("python", "while True: pass", SandboxLimits(10.0, 1, 256, 1000)))
-    assert r.error == "timeout" and r.seconds < 5
+    r = run(run_sandboxed("python", "while True: pass", SandboxLimits(120.0, 1, 256, 1000)))
+    assert r.error == "timeout" and "CPU time limit" in r.text  # RLIMIT_CPU, long before the wall clock
 
 
 def test_a_flooding_tool_is_cut_at_its_output_cap():
