@@ -347,6 +347,24 @@ class SFTConfig(Section):
 
 
 @dataclass
+class MultiTurnConfig(Section):
+    """Multi-turn tool-calling rollouts (asp_npu/rollout/multi_turn.py): verl
+    `actor_rollout_ref.rollout.multi_turn`, MindSpeed-RL `rl_config.multi_turn_enable` and its keys."""
+
+    enable: bool = False
+    tools: list[str] = field(default_factory=lambda: ["calculator"])  # asp_npu.rollout.tools names
+    tool_config_path: str = ""  # MindSpeed-RL / verl tools YAML: its tool_schema names replace `tools`
+    max_assistant_turns: int = 4  # verl max_assistant_turns
+    max_tool_calls: int = 3  # tool calls per trajectory (MindSpeed-RL max_tool_calls, verl max_user_turns)
+    max_parallel_calls: int = 1  # calls run per assistant turn; more are answered with an error
+    max_total_response_length: int = 0  # tokens of a whole trajectory's response (0 = sampling max_tokens)
+    max_tool_response_length: int = 256  # characters of one tool output the model sees
+    tool_response_truncate_side: str = "middle"  # left | middle | right
+    format: str = "hermes"  # tool-call format (MindSpeed-RL tool_parser_format, verl format)
+    tool_timeout_s: float = 10.0  # one tool call's wall-clock limit (then an error string)
+
+
+@dataclass
 class Config(Section):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -357,6 +375,7 @@ class Config(Section):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 # ------------------------------------------------------------------ partial rollout (rl_config keys)
@@ -381,6 +400,22 @@ def partial_rollout_problems(rl: RLConfig) -> list[str]:
         elif rl.weight_refresh_mode == "drain":
             out.append("rl_config.partial_rollout: needs rl_config.weight_refresh_mode=inflight "
                        "(a drained refresh lets every sequence finish on the old weights)")
+    return out
+
+
+# ------------------------------------------------------------------ multi-turn rollouts
+def multi_turn_problems(mt: MultiTurnConfig) -> list[str]:
+    """The tool-call format and truncation side; tool names are checked when the instances start."""
+    from asp_npu.data.tool_format import FORMATS, TRUNCATE_SIDES
+
+    out = []
+    if mt.format not in FORMATS:
+        out.append(f"multi_turn.format: '{mt.format}' is not one of {', '.join(FORMATS)}")
+    if mt.tool_response_truncate_side not in TRUNCATE_SIDES:
+        out.append(f"multi_turn.tool_response_truncate_side: '{mt.tool_response_truncate_side}' is not "
+                   f"one of {', '.join(TRUNCATE_SIDES)}")
+    if mt.enable and not (mt.tools or mt.tool_config_path):
+        out.append("multi_turn.tools: empty (name at least one tool, or multi_turn.tool_config_path)")
     return out
 
 
@@ -477,6 +512,9 @@ NUMERIC_RANGES: dict[str, Range] = {
     "sft.max_items": AT_LEAST_1,
     "reward.verifier_timeout": POSITIVE,
     "reward.verifier_parallel": AT_LEAST_1,
+    "multi_turn.max_assistant_turns": AT_LEAST_1,
+    "multi_turn.max_parallel_calls": AT_LEAST_1,
+    "multi_turn.tool_timeout_s": POSITIVE,
 }
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
@@ -578,6 +616,7 @@ def validate(cfg: Config) -> list[str]:
     if rl.weight_refresh_mode not in ("inflight", "drain"):
         problems.append(f"rl_config.weight_refresh_mode: '{rl.weight_refresh_mode}' is not inflight|drain")
     problems += partial_rollout_problems(rl)
+    problems += multi_turn_problems(cfg.multi_turn)
     problems += loss_problems(cfg)
     problems += data_problems(cfg)
     if cfg.data.length_dist:

@@ -60,6 +60,9 @@ class Trajectory:
     # per response token, 1 = the model's own token (trained), 0 = not trained (a tool's output in a
     # multi-turn trajectory); empty = every response token is the model's
     loss_mask: list[int] = field(default_factory=list)
+    turns: int = 1  # assistant turns (multi-turn rollouts: asp_npu.rollout.multi_turn)
+    tool_calls: int = 0  # tool calls run
+    tool_failures: int = 0  # of which failed (timeout, crash, output cap, bad or unknown call)
 
     @property
     def response_len(self) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.data.reward_pool import OK, VerifierPool
-from asp_npu.data.tasks import TASKS, answer_items
+from asp_npu.data.tasks import ALL_TASKS, answer_items, calc_answer
 from asp_npu.data.verifiers import MINDSPEED_VERIFIERS, VERL_SCORES, brace_end, verl_rule_for
 
 RewardFn = Callable[[str, Any], float]
@@ -43,6 +43,8 @@ def task_reward(task: str, response: str, ground_truth: str, partial: bool = Tru
     Partial credit divides by max(expected, produced) items, so padding an answer with extra
     items or stopping early both cost reward.
     """
+    if task == "calc":  # the answer after the model's last tool call; the call and tool output never count
+        response = calc_answer(response)
     if task == "addsteps":
         got_items = answer_items(task, response)
         exp_items = answer_items(task, ground_truth)
@@ -131,7 +133,7 @@ def math_reward(response: str, ground_truth: Any) -> float:
 
 def reward_fn_for(data_source: str, partial: bool = True) -> RewardFn:
     """The `auto` rule for a row's `data_source` (see the module docstring)."""
-    if data_source.startswith("asp/") and data_source[4:] in TASKS:
+    if data_source.startswith("asp/") and data_source[4:] in ALL_TASKS:
         task = data_source[4:]
         return lambda response, truth: task_reward(task, response, str(truth), partial=partial)
     verl_rule = verl_rule_for(data_source)

@@ -11,6 +11,12 @@ Tasks (`TASKS`):
 - `rle`     "Expand: a3 b1 c4"              -> "aaabcccc"
 - `addsteps` "Add 4821+937 step by step."   -> one line per digit column, then the sum
 Each answer is a list of *items* (numbers, characters, steps); the length knob is the item count.
+
+A task that needs a tool (`TOOL_TASKS`, multi-turn rollouts: asp_npu/rollout/multi_turn.py):
+- `calc`    "Compute 48213*9137."           -> the model calls `calculator` with "48213*9137" and
+  answers "440522181" after the tool's turn. The item count is the first operand's digits; a tiny model
+  cannot multiply long numbers, but it can copy them into a call and copy the result back. The reward
+  reads only what the model wrote after its last call (`calc_answer`), never the tool's output.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from asp_npu.errors import UserError
 from asp_npu.types import PromptItem
@@ -148,13 +155,47 @@ def _addsteps(rng: random.Random, n: int) -> TaskExample:
     return TaskExample(f"Add {a}+{b} step by step.", "\n".join(steps), n)
 
 
+def _calc(rng: random.Random, n: int) -> TaskExample:
+    n = min(n, 12)
+    a = rng.randint(10 ** (n - 1), 10**n - 1) if n > 1 else rng.randint(2, 9)
+    m = rng.randint(1, n)
+    b = rng.randint(10 ** (m - 1), 10**m - 1) if m > 1 else rng.randint(2, 9)
+    return TaskExample(f"Compute {a}*{b}.", str(a * b), n)
+
+
 GENERATORS: dict[str, Callable[[random.Random, int], TaskExample]] = {
     "count": _count,
     "rle": _rle,
     "addsteps": _addsteps,
+    "calc": _calc,
 }
-TASKS = tuple(GENERATORS)
-DEFAULT_MAX_ITEMS = {"count": 256, "rle": 512, "addsteps": 64}
+TASKS = ("count", "rle", "addsteps")  # single-turn (`mix`, the tokenizer's corpus)
+TOOL_TASKS = ("calc",)  # answered through a tool in a multi-turn rollout
+ALL_TASKS = TASKS + TOOL_TASKS
+DEFAULT_MAX_ITEMS = {"count": 256, "rle": 512, "addsteps": 64, "calc": 12}
+
+
+def calc_answer(response: str) -> str:
+    """What the model answered after its last tool call (the calc task's reward reads only this)."""
+    return response.rsplit("</tool_call>", 1)[-1].strip()
+
+
+def calc_call(prompt: str) -> str:
+    """The tool call that answers a calc prompt ("Compute A*B." -> calculator("A*B"))."""
+    from asp_npu.data.tool_format import render_tool_call
+
+    return render_tool_call("calculator", {"expression": prompt.removeprefix("Compute ").rstrip(".")})
+
+
+def tool_transcript_ids(item: PromptItem, tokenizer: Any) -> list[int]:
+    """A calc prompt's whole multi-turn response as token ids, tokenized turn by turn exactly as the
+    rollout builds it: the call + EOS, the chat template's tool turn, the answer + EOS (SFT target)."""
+    from asp_npu.data.tool_format import tool_turn_text
+
+    eos = tokenizer.eos_token_id
+    enc = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    return (enc(calc_call(item.text or "")) + [eos] + enc(tool_turn_text(tokenizer, [str(item.ground_truth)]))
+            + enc(str(item.ground_truth)) + [eos])
 
 
 def answer_items(task: str, answer: str) -> list[str]:
@@ -165,12 +206,14 @@ def answer_items(task: str, answer: str) -> list[str]:
         return list(answer.strip())
     if task == "addsteps":
         return [line.strip() for line in answer.strip().splitlines() if line.strip()]
-    raise UserError(f"unknown task '{task}' (known: {', '.join(TASKS)})")
+    if task == "calc":
+        return list(calc_answer(answer))
+    raise UserError(f"unknown task '{task}' (known: {', '.join(ALL_TASKS)})")
 
 
 def make_example(task: str, rng: random.Random, items: int) -> TaskExample:
     if task not in GENERATORS:
-        raise UserError(f"unknown task '{task}' (known: {', '.join(TASKS)})")
+        raise UserError(f"unknown task '{task}' (known: {', '.join(ALL_TASKS)})")
     return GENERATORS[task](rng, max(1, items))
 
 
@@ -185,7 +228,7 @@ def make_prompts(task: str, num: int, seed: int = 0, dist: LengthDist | None = N
     names = list(TASKS) if task == "mix" else [task]
     for name in names:
         if name not in GENERATORS:
-            raise UserError(f"unknown task '{name}' (known: {', '.join(TASKS)}, mix)")
+            raise UserError(f"unknown task '{name}' (known: {', '.join(ALL_TASKS)}, mix)")
     rng = random.Random(seed)
     items_out: list[PromptItem] = []
     for i in range(num):

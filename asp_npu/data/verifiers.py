@@ -20,6 +20,8 @@ MindSpeed-RL (`mindspeed_rl/models/rule_verifier.py`):
   whole response parsed as expression or LaTeX, `verify(gold, pred)` -> 1, else 0.
 - `acc_for_dapo`: the DAPO/Minerva rule, as verl's `math_dapo` (below).
 - `math_17k_acc` / `acc_for_ppo`: 1 when the last boxed answer equals the ground truth, else 0.
+- `retool_reward` (multi-turn ReTool): the last boxed answer of the last 100 characters equals the
+  ground truth exactly -> 1, else -1 (without MindSpeed-RL's per-tool-call bonus on wrong answers).
 - `step`: a third per reasoning-step marker (`Step 1:`, `First,`, a list item, ...), at most 1.
 "Equals" for `acc`, `base_acc`, `math_17k_acc` is `answers_equal`: equal after dropping `%` and
 whitespace, else math-verify (MindSpeed-RL uses Qwen's math-eval `math_equal` and mathruler's
@@ -316,6 +318,14 @@ def steps_reward(response: str, ground_truth: Any = None) -> float:
     return min(1.0, len(_STEP_MARKERS.findall(response)) / 3)
 
 
+def retool_reward(response: str, ground_truth: Any) -> float:
+    """MindSpeed-RL `retool_reward` (multi-turn): the last `\\boxed{...}` in the response's last 100
+    characters equals the ground truth as a string -> 1, else -1. MindSpeed-RL adds 0.1 per tool call to a
+    wrong answer (at most up to 0) from its rollout's call counts; a verifier here sees the text only."""
+    got = boxed_content(response[-100:])
+    return 1.0 if got is not None and got == truth_text(ground_truth) else -1.0
+
+
 MINDSPEED_VERIFIERS: dict[str, Verifier] = {
     "acc": acc_reward,
     "format": format_reward,
@@ -326,6 +336,7 @@ MINDSPEED_VERIFIERS: dict[str, Verifier] = {
     "math_17k_acc": boxed_acc_reward,
     "acc_for_ppo": boxed_acc_reward,
     "step": steps_reward,
+    "retool_reward": retool_reward,
 }
 VERL_SCORES: dict[str, Verifier] = {
     "gsm8k": gsm8k_score,

@@ -145,8 +145,6 @@ _SHUFFLE = ("no effect on the trained result: an asp-npu trainer step is one min
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
 _REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
-    "rl_config.multi_turn_enable": "multi-turn tool-calling rollouts are not supported: asp-npu generates "
-    "single-turn responses",
     "megatron_training.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
     "actor_config.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
 }
@@ -286,7 +284,7 @@ _RL_REASONS = {
     ),
     "clip_higher_enable": "asp-npu always clips with clip_ratio_low / clip_ratio_high (equal = PPO's clip)",
     "cliprange_value": "value clipping needs a critic (adv_estimator gae maps it)",
-    "async_engine": "multi-turn rollouts are not supported",
+    "async_engine": "asp-npu's rollout engines are always asynchronous (vLLM AsyncLLM)",
     "rollout_max_tokens": "DAPO's overlong-buffer length; the response cap is sampling_config.max_tokens",
     "max_packing_token_size": "actor_config.ppo_max_token_len_per_gpu holds the update's token budget",
     "partial_rollout_max_split": "no split count in asp-npu: partial rollout (rl_config.partial_rollout) "
@@ -629,6 +627,8 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
         tr.set(key, "rl_config.clip_ratio_high", _as_float(key, value))
     elif leaf in _REWARD_KEYS:
         _reward_key(tr, key, value)
+    elif leaf in _MULTI_TURN_KEYS:
+        tr.set(key, f"multi_turn.{_MULTI_TURN_KEYS[leaf]}", value)
     elif key == "rl_config.use_tensorboard":
         _logger_key(ms, tr, key, value)
     else:
@@ -669,6 +669,39 @@ def _rl_batch_key(tr: Translation, key: str, value: Any) -> bool:
     else:
         return False
     return True
+
+
+# MindSpeed-RL rl_config multi-turn keys -> the `multi_turn` section (asp_npu.rollout.multi_turn)
+_MULTI_TURN_KEYS = {"multi_turn_enable": "enable", "tool_config_path": "tool_config_path",
+                    "max_tool_calls": "max_tool_calls", "max_parallel_calls": "max_parallel_calls",
+                    "max_total_response_length": "max_total_response_length",
+                    "max_tool_response_length": "max_tool_response_length",
+                    "tool_response_truncate_side": "tool_response_truncate_side",
+                    "tool_parser_format": "format"}
+# verl actor_rollout_ref.rollout.multi_turn keys -> the `multi_turn` section
+_VERL_MULTI_TURN_KEYS = {"enable": "enable", "max_assistant_turns": "max_assistant_turns",
+                         "max_user_turns": "max_tool_calls", "tool_config_path": "tool_config_path",
+                         "format": "format", "max_parallel_calls": "max_parallel_calls",
+                         "max_tool_response_length": "max_tool_response_length",
+                         "tool_response_truncate_side": "tool_response_truncate_side"}
+
+
+def translate_verl_multi_turn(mt: dict[str, Any],
+                              prefix: str = "actor_rollout_ref.rollout.multi_turn") -> Translation:
+    """verl's multi-turn rollout keys -> asp-npu's `multi_turn` section + ledger (a tool turn answers
+    every call of the assistant turn before it, so verl's user turns are asp-npu's tool calls)."""
+    tr = Translation()
+    for leaf, value in mt.items():
+        key = f"{prefix}.{leaf}"
+        if value is None:
+            tr.skip(key, "empty (null) in the file: left at asp-npu's default")
+        elif leaf in _VERL_MULTI_TURN_KEYS:
+            tr.set(key, f"multi_turn.{_VERL_MULTI_TURN_KEYS[leaf]}", value)
+        elif leaf == "interaction_config_path":
+            tr.skip(key, "interaction agents (simulated users) are not supported: tools only")
+        else:
+            tr.skip(key, "no asp-npu equivalent")
+    return tr
 
 
 _REWARD_KEYS = ("rule_reward", "verifier_function", "verifier_weight", "verifier_parallel",

@@ -164,6 +164,7 @@ class Fleet:
     def _engine_settings(self) -> tuple[Any, Any]:
         from asp_npu.data.rewards import reward_spec
         from asp_npu.rollout.engine import EngineSettings, SamplingSettings
+        from asp_npu.rollout.multi_turn import multi_turn_spec
 
         cfg, gen = self.cfg, self.cfg.generate_config
         sc = gen.sampling_config
@@ -172,7 +173,8 @@ class Fleet:
             model_path=cfg.model.path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
             max_num_batched_tokens=gen.max_num_batched_tokens, max_model_len=max_len,
             enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
-            seed=cfg.data.seed, enable_prefix_caching=self.drain, reward=reward_spec(cfg.reward))
+            seed=cfg.data.seed, enable_prefix_caching=self.drain, reward=reward_spec(cfg.reward),
+            multi_turn=multi_turn_spec(cfg.multi_turn))
         sampling = SamplingSettings(n=self.shape.group_size, temperature=sc.temperature, top_p=sc.top_p,
                                     top_k=sc.top_k, min_p=sc.min_p, max_tokens=sc.max_tokens,
                                     seed=cfg.data.seed)

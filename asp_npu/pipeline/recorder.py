@@ -131,6 +131,10 @@ class Recorder:
             self.token_lag_hist[lag] = self.token_lag_hist.get(lag, 0) + n
         row = self._row(mb, trajs, out, t0, t1, waited_s, step, lags)
         row.update(token_lag_metrics(hist))
+        if self.cfg.multi_turn.enable:
+            from asp_npu.rollout.multi_turn import multi_turn_metrics
+
+            row.update(multi_turn_metrics(trajs))
         row[M.LAG_NEWEST_MAX] = float(max(ledger_step - v for v in newest.values()))
         self.versions.append((t1, step + 1))
         self.step_ends.append(t1)

@@ -59,6 +59,21 @@ class SamplingSettings:
                             f"{self.min_p})")
 
 
+@dataclass(frozen=True)
+class MultiTurnSpec:
+    """Config `multi_turn` as the rollout needs it (names: MindSpeed-RL rl_config / verl multi_turn)."""
+
+    tools: tuple[str, ...] = ("calculator",)  # registered tool names the model may call
+    max_assistant_turns: int = 4
+    max_tool_calls: int = 3  # per trajectory
+    max_parallel_calls: int = 1  # per assistant turn; further calls are answered with an error
+    max_total_response_length: int = 0  # tokens of the whole response, model + tools (0 = max_tokens)
+    max_tool_response_length: int = 256  # characters of one tool output
+    tool_response_truncate_side: str = "middle"
+    format: str = "hermes"
+    tool_timeout_s: float = 10.0
+
+
 @dataclass
 class EngineSettings:
     """How to build an engine; mirrors `generate_config` (MindSpeed-RL names where they exist)."""
@@ -77,6 +92,7 @@ class EngineSettings:
     weight_transfer: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the engine's args
     reward: RewardSpec | None = None  # how samples are scored (config `reward`; None = the data_source rule)
+    multi_turn: MultiTurnSpec | None = None  # tool-calling rollouts (config `multi_turn`); None = one turn
 
 
 @dataclass

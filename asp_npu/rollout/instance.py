@@ -37,6 +37,7 @@ from typing import Any
 
 from asp_npu.errors import UserError
 from asp_npu.rollout.engine import EngineSettings, SamplingSettings
+from asp_npu.rollout.multi_turn import generate_one
 from asp_npu.types import PromptItem, Trajectory
 
 ADMISSION = ("unit", "continuous")
@@ -179,6 +180,10 @@ class RolloutInstance:
                              sampling: SamplingSettings) -> list[Trajectory]:
         """Generate `items` now, beside the planned work and outside the TrainQueue (validation on a
         held-out set): every sample of every item, scored by the engine's reward function."""
+        mt = self.settings.multi_turn
+        if mt is not None:
+            return list(await asyncio.gather(*(generate_one(self.engine, it, replace(sampling, n=1), i, mt)
+                                               for it in items for i in range(sampling.n))))
         groups = await asyncio.gather(*(self.engine.generate(it, sampling) for it in items))
         return [t for g in groups for t in g]
 
@@ -334,6 +339,9 @@ class RolloutInstance:
 
             async def sample(i: int) -> Trajectory:
                 try:
+                    if self.settings.multi_turn is not None:  # waiting on a tool, it holds no slot
+                        return await generate_one(self.engine, item, one, i, self.settings.multi_turn,
+                                                  self._slot_out, self._slot_in)
                     return (await self.engine.generate(item, one, [i]))[0]
                 finally:
                     done_one()
@@ -360,6 +368,14 @@ class RolloutInstance:
             if failed is not None:
                 self._sink_calls.append(failed.remote(pid, self.instance_id, msg))
             return None
+
+    async def _slot_out(self) -> None:
+        """A multi-turn sample waits on a tool: its slot goes back to admission."""
+        self._release(1)
+
+    async def _slot_in(self) -> None:
+        await self._room(1)
+        self._slots_used += 1
 
     def _deliver(self, group: list[Trajectory]) -> None:
         self.groups_delivered += 1

@@ -286,8 +286,38 @@ class VLLMEngine:
         return await self.rewards.score_async(str(item.meta.get("data_source", "")), response,
                                               item.ground_truth, item.meta.get("extra_info"))
 
+    # -- multi-turn (asp_npu.rollout.multi_turn): one request per assistant turn ------------------
+
+    def track(self, prompt_id: str, idx: int) -> SeqVersions:
+        """Register sample `idx` for behaviour versions over all its turns (`untrack` when done)."""
+        seq = self.seqs.setdefault(prompt_id, {})[idx] = SeqVersions()
+        return seq
+
+    def untrack(self, prompt_id: str, idx: int) -> None:
+        seqs = self.seqs.get(prompt_id, {})
+        seqs.pop(idx, None)
+        if not seqs:
+            self.seqs.pop(prompt_id, None)
+
+    def between_turns(self, prompt_id: str, idx: int) -> None:
+        """The sample waits on a tool: no request in vLLM, and its next turn starts with whatever weights
+        are live then (a refresh meanwhile counts it as running: its newest tokens are the new version's)."""
+        seq = self.seqs.get(prompt_id, {}).get(idx)
+        if seq is not None:
+            seq.request_id, seq.done = "", False
+
+    async def sample_turn(self, item: PromptItem, ids: list[int], idx: int,
+                          sampling: SamplingSettings) -> Trajectory:
+        """One assistant turn on context `ids` (prompt + the turns so far), unscored."""
+        return await self._sample(item, ids, idx, sampling, score=False)
+
+    async def score(self, item: PromptItem, response: str) -> tuple[float, int]:
+        """(reward, verifier failures) of a whole multi-turn response."""
+        scored = await self._score(item, response)
+        return scored.value, scored.failures
+
     async def _sample(
-        self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings
+        self, item: PromptItem, ids: list[int], idx: int, sampling: SamplingSettings, score: bool = True
     ) -> Trajectory:
         from vllm.inputs import TokensPrompt
 
@@ -326,7 +356,7 @@ class VLLMEngine:
             raise RuntimeError(f"{request_id}: {len(tokens)} tokens but {len(logprobs)} logprobs")
         decoded = params.detokenize
         response = "".join(text) if decoded else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        scored = await self._score(item, response)
+        scored = await self._score(item, response) if score else RewardResult(0.0)
         return Trajectory(
             prompt_id=item.prompt_id,
             sample_idx=idx,

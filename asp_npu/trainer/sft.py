@@ -23,15 +23,24 @@ from asp_npu.types import PromptItem, TrainBatch, Trajectory
 
 
 def training_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids + eos) pairs from the task generator, answers capped at sft.max_items."""
+    """(prompt ids, answer ids + eos) pairs from the task generator, answers capped at sft.max_items; a
+    tool task's answer is its whole multi-turn transcript (call, tool turn, answer: the call format)."""
     from asp_npu.data.datasets import encode_prompt
-    from asp_npu.data.tasks import DEFAULT_MAX_ITEMS, LengthDist, make_prompts
+    from asp_npu.data.tasks import (
+        DEFAULT_MAX_ITEMS,
+        TOOL_TASKS,
+        LengthDist,
+        make_prompts,
+        tool_transcript_ids,
+    )
 
     s = cfg.sft
     task = cfg.data.task
     cap = min(s.max_items, DEFAULT_MAX_ITEMS.get(task, s.max_items))
     items = make_prompts(task, s.num_examples, seed=s.seed, dist=LengthDist(max_items=max(1, cap)))
     eos = tokenizer.eos_token_id
+    if task in TOOL_TASKS:
+        return [(encode_prompt(it, tokenizer), tool_transcript_ids(it, tokenizer)) for it in items]
     return [
         (
             encode_prompt(it, tokenizer),
@@ -62,6 +71,7 @@ def evaluate(
 
     from asp_npu.data.datasets import encode_prompt
     from asp_npu.data.rewards import compute_reward
+    from asp_npu.data.tasks import calc_call
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -90,6 +100,11 @@ def evaluate(
                 row = row[: row.index(tok.eos_token_id)]
             text = tok.decode(row, skip_special_tokens=True)
             source = str(p.meta.get("data_source", ""))
+            if source == "asp/calc":  # greedy decoding stops at the call's EOS: is it the right call?
+                exact.append(float(text.strip() == calc_call(p.text or "")))
+                partial.append(exact[-1])
+                lengths.append(len(row))
+                continue
             exact.append(compute_reward(source, text, p.ground_truth, partial=False))
             partial.append(compute_reward(source, text, p.ground_truth, partial=True))
             lengths.append(len(row))
