@@ -423,12 +423,10 @@ NUMERIC_RANGES: dict[str, Range] = {
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
-ADV_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
+# remax: each rollout instance generates one extra greedy response per group (its reward, the baseline)
+ADV_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg", "remax")
 # verl's estimators asp-npu knows but cannot run, and what is missing (validation says it in one line)
-UNRUNNABLE_ESTIMATORS = {
-    "remax": "needs each prompt's greedy baseline reward (one extra greedy response per prompt), which "
-             "the rollout does not generate; rloo or reinforce_plus_plus_baseline take the group as baseline",
-}
+UNRUNNABLE_ESTIMATORS: dict[str, str] = {}
 ESTIMATOR_ALIASES = {"grpo": "group_norm"}  # verl's names for ours (the importer maps them)
 GAMMA_ESTIMATORS = ("reinforce_plus_plus",)  # the estimators that read rl_config.gamma
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES

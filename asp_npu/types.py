@@ -58,6 +58,11 @@ class Trajectory:
     # per response token, 1 = the model's own token (trained), 0 = not trained (a tool's output in a
     # multi-turn trajectory); empty = every response token is the model's
     loss_mask: list[int] = field(default_factory=list)
+    # ReMax (`adv_estimator: remax`): the reward of one greedy (temperature 0) response to the same
+    # prompt, generated beside the group, scored by the same reward function and never trained on;
+    # the same on every trajectory of a group. None = no baseline was generated
+    reward_baseline: float | None = None
+    baseline_len: int = 0  # response tokens of that greedy response (rollout/baseline_tokens)
 
     @property
     def response_len(self) -> int:

@@ -147,7 +147,8 @@ class Fleet:
             enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
             seed=cfg.data.seed, enable_prefix_caching=self.drain, reward=reward_spec(cfg.reward))
         sampling = SamplingSettings(n=self.shape.group_size, temperature=sc.temperature, top_p=sc.top_p,
-                                    max_tokens=sc.max_tokens, seed=cfg.data.seed)
+                                    max_tokens=sc.max_tokens, seed=cfg.data.seed,
+                                    greedy_baseline=cfg.rl_config.adv_estimator == "remax")
         return settings, sampling
 
     @property
