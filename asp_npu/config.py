@@ -425,8 +425,6 @@ DEFAULT_RANGE: Range = (0, None, False, False)
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
 # remax: each rollout instance generates one extra greedy response per group (its reward, the baseline)
 ADV_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg", "remax")
-# verl's estimators asp-npu knows but cannot run, and what is missing (validation says it in one line)
-UNRUNNABLE_ESTIMATORS: dict[str, str] = {}
 ESTIMATOR_ALIASES = {"grpo": "group_norm"}  # verl's names for ours (the importer maps them)
 GAMMA_ESTIMATORS = ("reinforce_plus_plus",)  # the estimators that read rl_config.gamma
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
@@ -470,11 +468,9 @@ def estimator_problems(rl: RLConfig) -> list[str]:
     import difflib
 
     name = rl.adv_estimator
-    if name in UNRUNNABLE_ESTIMATORS:
-        return [f"rl_config.adv_estimator: {name} {UNRUNNABLE_ESTIMATORS[name]}"]
     if name not in ADV_ESTIMATORS:
         close = [ESTIMATOR_ALIASES[name]] if name in ESTIMATOR_ALIASES else \
-            difflib.get_close_matches(name, [*ADV_ESTIMATORS, *UNRUNNABLE_ESTIMATORS], n=1)
+            difflib.get_close_matches(name, ADV_ESTIMATORS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return [f"rl_config.adv_estimator: '{name}' is not one of {', '.join(ADV_ESTIMATORS)}{hint}"]
     out = []

@@ -119,6 +119,16 @@ def test_remax_through_the_dispatch_is_each_token_return_less_its_prompt_greedy_
     assert [s.advantage for s in samples] == [[0.75, 0.75], [-0.25, -0.25], [-0.5], [0.0] * 3]
 
 
+def test_remax_baseline_tokens_are_counted_once_per_group() -> None:
+    from asp_npu.pipeline.recorder import baseline_metrics
+
+    trajs = [_traj("p@0", 0, 1.0, 2), _traj("p@0", 1, 0.0, 3), _traj("q@0", 0, 0.5, 1)]
+    assert baseline_metrics(trajs) == {}  # no remax: no metric
+    for t, n in zip(trajs, (7, 7, 4), strict=True):
+        t.reward_baseline, t.baseline_len = 0.5, n
+    assert baseline_metrics(trajs) == {"rollout/baseline_tokens": 11.0}
+
+
 def test_samples_carry_per_token_advantages_for_token_level_estimators() -> None:
     batch = TrainBatch([_traj("p", 0, 1.0, 3), _traj("p", 1, 0.0, 2)], 2)
     samples, _ = batch_to_samples(batch, False, Estimator("reinforce_plus_plus", gamma=0.5))
