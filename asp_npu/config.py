@@ -519,12 +519,9 @@ NUMERIC_RANGES: dict[str, Range] = {
 DEFAULT_RANGE: Range = (0, None, False, False)
 # Allowed values of the string fields the code branches on (the rest: see validate below).
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "swanlab")  # asp_npu.observe.metrics.MetricsLogger
-ADV_ESTIMATORS = ("group_norm", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
-# verl's estimators asp-npu knows but cannot run, and what is missing (validation says it in one line)
-UNRUNNABLE_ESTIMATORS = {
-    "remax": "needs each prompt's greedy baseline reward (one extra greedy response per prompt), which "
-             "the rollout does not generate; rloo or reinforce_plus_plus_baseline take the group as baseline",
-}
+# remax: each rollout instance generates one extra greedy response per group (its reward, the baseline)
+ADV_ESTIMATORS = ("group_norm", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg",
+                  "remax")
 ESTIMATOR_ALIASES = {"grpo": "group_norm"}  # verl's names for ours (the importer maps them)
 GAMMA_ESTIMATORS = ("reinforce_plus_plus", "gae")  # the estimators that read rl_config.gamma
 KL_PENALTIES = ("low_var_kl", "kl", "mse", "abs", "k1", "k2", "k3")  # asp_npu.trainer.losses.KL_PENALTIES
@@ -568,11 +565,9 @@ def estimator_problems(rl: RLConfig) -> list[str]:
     import difflib
 
     name = rl.adv_estimator
-    if name in UNRUNNABLE_ESTIMATORS:
-        return [f"rl_config.adv_estimator: {name} {UNRUNNABLE_ESTIMATORS[name]}"]
     if name not in ADV_ESTIMATORS:
         close = [ESTIMATOR_ALIASES[name]] if name in ESTIMATOR_ALIASES else \
-            difflib.get_close_matches(name, [*ADV_ESTIMATORS, *UNRUNNABLE_ESTIMATORS], n=1)
+            difflib.get_close_matches(name, ADV_ESTIMATORS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return [f"rl_config.adv_estimator: '{name}' is not one of {', '.join(ADV_ESTIMATORS)}{hint}"]
     out = []

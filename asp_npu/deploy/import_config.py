@@ -638,11 +638,9 @@ def _rl_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value:
 
 def _adv_estimator(key: str, value: Any) -> str:
     """An estimator asp-npu runs, by MindSpeed-RL's or verl's name; anything else refused in one line."""
-    from asp_npu.config import ADV_ESTIMATORS, ESTIMATOR_ALIASES, UNRUNNABLE_ESTIMATORS
+    from asp_npu.config import ADV_ESTIMATORS, ESTIMATOR_ALIASES
 
     name = ESTIMATOR_ALIASES.get(str(value), str(value))
-    if name in UNRUNNABLE_ESTIMATORS:
-        raise UserError(f"{key}: {name} {UNRUNNABLE_ESTIMATORS[name]}")
     if name not in ADV_ESTIMATORS:
         raise UserError(f"{key}: '{value}' is not an estimator asp-npu runs ({', '.join(ADV_ESTIMATORS)})")
     return name

@@ -40,6 +40,7 @@ LAG_NEWEST_MAX = "async/lag_newest_max"  # partial rollout: lag of the groups' n
 TOKEN_LAG_MEAN = "rollout/token_lag_mean"  # every consumed token: trainer step - its behaviour version
 TOKEN_LAG_MAX = "rollout/token_lag_max"
 TOKEN_LAG_HIST = "rollout/token_lag_hist"  # {lag: tokens} of this step (a TensorBoard histogram)
+BASELINE_TOKENS = "rollout/baseline_tokens"  # remax: tokens of the step's groups' greedy baseline responses
 QUEUE_OCCUPANCY = "queue/occupancy"  # samples waiting in the TrainQueue when the step took its batch
 TRAINER_IDLE = "trainer/idle_ratio"
 ROLLOUTER_IDLE = "rollouter/idle_ratio"

@@ -177,7 +177,8 @@ class Fleet:
             multi_turn=multi_turn_spec(cfg.multi_turn))
         sampling = SamplingSettings(n=self.shape.group_size, temperature=sc.temperature, top_p=sc.top_p,
                                     top_k=sc.top_k, min_p=sc.min_p, max_tokens=sc.max_tokens,
-                                    seed=cfg.data.seed)
+                                    seed=cfg.data.seed,
+                                    greedy_baseline=cfg.rl_config.adv_estimator == "remax")
         return settings, sampling
 
     @property

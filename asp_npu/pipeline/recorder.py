@@ -37,6 +37,13 @@ def token_lag_metrics(hist: dict[int, int]) -> dict[str, Any]:
             M.TOKEN_LAG_MAX: float(max(hist, default=0)), M.TOKEN_LAG_HIST: dict(sorted(hist.items()))}
 
 
+def baseline_metrics(trajs: list[Trajectory]) -> dict[str, Any]:
+    """remax: the greedy baseline responses' tokens, once per group (not samples, not in the
+    response-length or throughput figures); nothing when no trajectory carries a baseline."""
+    per_group = {t.prompt_id: t.baseline_len for t in trajs if t.reward_baseline is not None}
+    return {M.BASELINE_TOKENS: float(sum(per_group.values()))} if per_group else {}
+
+
 class Recorder:
     def __init__(self, cfg: Config, run: rd.RunDir, shape: RunShape, label: str, console: bool) -> None:
         self.cfg, self.run_dir, self.shape, self.label, self.console = cfg, run, shape, label, console
@@ -135,6 +142,7 @@ class Recorder:
             from asp_npu.rollout.multi_turn import multi_turn_metrics
 
             row.update(multi_turn_metrics(trajs))
+        row.update(baseline_metrics(trajs))
         row[M.LAG_NEWEST_MAX] = float(max(ledger_step - v for v in newest.values()))
         self.versions.append((t1, step + 1))
         self.step_ends.append(t1)

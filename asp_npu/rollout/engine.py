@@ -44,6 +44,9 @@ class SamplingSettings:
     # stream every token back (measures t_first_token). Off in the pipeline: streaming each token of
     # every sequence through the front-end costs a core-bound instance ~45% of its throughput
     stream: bool = False
+    # ReMax: one extra greedy response per group, its reward recorded on every sample as
+    # `Trajectory.reward_baseline` (the instance generates it; the engine ignores this flag)
+    greedy_baseline: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_tokens < 1:

@@ -41,6 +41,15 @@ from asp_npu.rollout.multi_turn import generate_one
 from asp_npu.types import PromptItem, Trajectory
 
 ADMISSION = ("unit", "continuous")
+BASELINE_IDX = -1  # the sample index ReMax's greedy baseline request runs under (no sample has it)
+
+
+def with_baseline(trajs: list[Trajectory], baseline: list[Trajectory]) -> list[Trajectory]:
+    """The group's samples, each carrying the greedy baseline's reward and length (if there is one)."""
+    for b in baseline:
+        for t in trajs:
+            t.reward_baseline, t.baseline_len = b.reward, b.response_len
+    return trajs
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class RolloutInstance:
         self.errors: list[dict[str, Any]] = []
         self.groups_delivered = 0
         self.tokens_generated = 0
+        self.baseline_tokens = 0  # ReMax's greedy baseline responses (not samples, not in tokens_generated)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -346,7 +356,9 @@ class RolloutInstance:
                 finally:
                     done_one()
 
-            return list(await asyncio.gather(*(sample(i) for i in idxs)))
+            extra = [self._greedy_baseline(item, sampling)] if sampling.greedy_baseline else []
+            out = list(await asyncio.gather(*(sample(i) for i in idxs), *extra))
+            return with_baseline(out[:len(idxs)], out[len(idxs):])
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -376,6 +388,14 @@ class RolloutInstance:
     async def _slot_in(self) -> None:
         await self._room(1)
         self._slots_used += 1
+    async def _greedy_baseline(self, item: PromptItem, sampling: SamplingSettings) -> Trajectory:
+        """ReMax's baseline of a group: one greedy (temperature 0) response to its prompt, scored by the
+        engine's reward function like the samples; not a sample (index BASELINE_IDX, never delivered),
+        its tokens counted in `baseline_tokens`."""
+        greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0, seed=None, stream=False)
+        (b,) = await self.engine.generate(item, greedy, [BASELINE_IDX])
+        self.baseline_tokens += b.response_len
+        return b
 
     def _deliver(self, group: list[Trajectory]) -> None:
         self.groups_delivered += 1
@@ -408,6 +428,7 @@ class RolloutInstance:
             "running_units": len(self._running_units),
             "groups_delivered": self.groups_delivered,
             "tokens_generated": self.tokens_generated,
+            "baseline_tokens": self.baseline_tokens,
             "errors": list(self.errors),
             "paused": bool(self.engine is not None and self.engine.paused),
         }

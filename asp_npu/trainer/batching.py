@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from asp_npu.config import Config, RLConfig
-from asp_npu.trainer.advantages import gpg, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo
+from asp_npu.trainer.advantages import gpg, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo
 from asp_npu.trainer.losses import AggNorm, equal_reward_groups, group_advantages
 from asp_npu.types import TrainBatch, Trajectory
 
@@ -87,9 +87,17 @@ def token_rewards(t: Trajectory, penalty: Sequence[float] | None = None) -> np.n
     return r
 
 
+def reward_baseline(t: Trajectory) -> float:
+    """The reward of the greedy response to the trajectory's prompt (ReMax's baseline)."""
+    if t.reward_baseline is None:
+        raise ValueError(f"trajectory {t.prompt_id}/{t.sample_idx} has no reward_baseline: adv_estimator "
+                         "remax needs the rollout's greedy baseline (SamplingSettings.greedy_baseline)")
+    return t.reward_baseline
+
+
 def batch_advantages(batch: TrainBatch, est: Estimator | None = None,
                      penalties: Mapping[int, Sequence[float]] | None = None) -> list[float | list[float]]:
-    """Every trajectory's advantage (a float, or one per response token: reinforce_plus_plus);
+    """Every trajectory's advantage (a float, or one per response token: reinforce_plus_plus, remax);
     `penalties` (by batch index, one per response token) are subtracted from the token-level rewards
     first (KL in the reward, verl's `use_kl_in_reward`; outcome estimators use their sum)."""
     est = est or Estimator()
@@ -101,8 +109,7 @@ def batch_advantages(batch: TrainBatch, est: Estimator | None = None,
     if est.name == "gae":
         raise ValueError("adv_estimator gae: the advantages come from the critic (TrainBatch.advantages)")
     if est.name == "remax":
-        raise ValueError("adv_estimator remax needs each prompt's greedy baseline reward, which the "
-                         "rollout does not generate")
+        return [a.tolist() for a in remax(rows, [reward_baseline(t) for t in trajs])]
     scores = [float(r.sum()) for r in rows]
     keys = [group_key(t) for t in trajs]
     if est.name == "group_norm":

@@ -93,6 +93,49 @@ def test_generates_groups_with_all_fields(engine):
     assert eng.num_in_flight() == 0 and eng.activity.busy_intervals()
 
 
+def test_remax_instance_attaches_the_greedy_baseline_to_its_group(engine):
+    """adv_estimator remax: the rollout instance generates one greedy response beside each group, scores
+    it with the same reward function and records that reward on every trajectory of the group; it is
+    not delivered as a sample and its tokens are counted apart (`baseline_tokens`)."""
+    from asp_npu.data.rewards import compute_reward
+    from asp_npu.rollout.instance import RolloutInstance, UnitSpec
+    from asp_npu.trainer.batching import Estimator, batch_advantages
+    from asp_npu.types import TrainBatch
+
+    eng, loop = engine
+    item = make_prompts("count", 1, seed=11)[0]
+    (greedy,) = loop.run(eng.generate(item, SamplingSettings(temperature=0.0, max_tokens=12)))
+    text = eng.tokenizer.decode(greedy.response_token_ids, skip_special_tokens=True)
+    item.ground_truth = text  # the greedy answer is the right one: baseline 1.0, sampled answers score less
+    sampling = SamplingSettings(n=4, temperature=1.0, max_tokens=12, seed=7, greedy_baseline=True)
+
+    async def run():
+        inst = RolloutInstance(0, eng.settings, sampling)
+        inst.attach_engine(eng)
+        await inst.add_prompts([item])
+        await inst.submit_units([UnitSpec(0, tuple((item.prompt_id, i) for i in range(4)))])
+        try:
+            assert await inst.wait_idle(300)
+            return await inst.poll(), await inst.stats()
+        finally:
+            inst._runner.cancel()  # the module's engine keeps running for the other tests
+
+    (group,), stats = loop.run(run())
+    assert [t.sample_idx for t in group] == [0, 1, 2, 3]  # the greedy response is not a sample
+    assert {t.reward_baseline for t in group} == {1.0}
+    assert {t.baseline_len for t in group} == {len(greedy.response_token_ids)}
+    assert stats["baseline_tokens"] == len(greedy.response_token_ids) and not stats["errors"]
+    assert stats["tokens_generated"] == sum(t.response_len for t in group)
+    ds = item.meta["data_source"]
+    for t in group:  # the samples are scored by the same function
+        assert t.reward == compute_reward(ds, eng.tokenizer.decode(t.response_token_ids,
+                                                                   skip_special_tokens=True), text)
+    assert any(t.response_token_ids != greedy.response_token_ids for t in group)  # sampled, not greedy
+    adv = batch_advantages(TrainBatch(group, 4), Estimator("remax"))
+    for t, a in zip(group, adv, strict=True):
+        assert a == pytest.approx([t.reward - 1.0] * t.response_len)
+
+
 def test_max_tokens_and_explicit_prompt_ids(engine):
     eng, loop = engine
     item = PromptItem("raw", prompt_token_ids=[5, 40, 41, 42, 6])

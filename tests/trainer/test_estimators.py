@@ -98,8 +98,35 @@ def test_batch_advantages_dispatches_with_the_kl_in_the_reward() -> None:
     rets = np.array([0.7, 0.8, -0.4, -0.4, 0.7, 1.0])
     z = (rets - rets.mean()) / rets.std(ddof=1)
     assert [x for r in rows for x in r] == pytest.approx(z.tolist(), rel=1e-6)  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="greedy baseline"):
+    with pytest.raises(ValueError, match="trajectory p/0 has no reward_baseline: adv_estimator remax needs"):
         batch_advantages(batch, Estimator("remax"))
+
+
+def test_remax_through_the_dispatch_is_each_token_return_less_its_prompt_greedy_reward() -> None:
+    trajs = [_traj("p", 0, 1.0, 2), _traj("p", 1, 0.0, 2), _traj("q", 0, 0.5, 1), _traj("q", 1, 1.0, 3)]
+    for t, b in zip(trajs, (0.25, 0.25, 1.0, 1.0), strict=True):
+        t.reward_baseline = b
+    batch = TrainBatch(trajs, 2)
+    # no KL: the outcome reward sits on the last token, every token's return is the reward; minus b
+    assert batch_advantages(batch, Estimator("remax")) == [[0.75, 0.75], [-0.25, -0.25], [-0.5], [0.0] * 3]
+    # KL in the reward: token returns 1-0.1-0.2 = 0.7 | 1-0.2 = 0.8, 0-0.4 | 0, 0.5-0.3, 1-0.3 | 1-0.3 | 1
+    pen = {0: [0.1, 0.2], 1: [0.0, 0.4], 2: [0.3], 3: [0.0, 0.3, 0.0]}
+    got = batch_advantages(batch, Estimator("remax"), pen)
+    want = [[0.7 - 0.25, 0.8 - 0.25], [-0.4 - 0.25, -0.4 - 0.25], [0.2 - 1.0], [0.7 - 1.0, 0.7 - 1.0, 0.0]]
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w)
+    samples, _ = batch_to_samples(batch, False, Estimator("remax"))
+    assert [s.advantage for s in samples] == [[0.75, 0.75], [-0.25, -0.25], [-0.5], [0.0] * 3]
+
+
+def test_remax_baseline_tokens_are_counted_once_per_group() -> None:
+    from asp_npu.pipeline.recorder import baseline_metrics
+
+    trajs = [_traj("p@0", 0, 1.0, 2), _traj("p@0", 1, 0.0, 3), _traj("q@0", 0, 0.5, 1)]
+    assert baseline_metrics(trajs) == {}  # no remax: no metric
+    for t, n in zip(trajs, (7, 7, 4), strict=True):
+        t.reward_baseline, t.baseline_len = 0.5, n
+    assert baseline_metrics(trajs) == {"rollout/baseline_tokens": 11.0}
 
 
 def test_samples_carry_per_token_advantages_for_token_level_estimators() -> None:
@@ -188,9 +215,9 @@ def test_group_norm_through_the_dispatch_is_grpo(gs: list[list[float]]) -> None:
 # ------------------------------------------------------------------ config and import
 @pytest.mark.parametrize(("rl", "line"), [
     ({"adv_estimator": "rlo"}, "rl_config.adv_estimator: 'rlo' is not one of group_norm, rloo, "
-     "reinforce_plus_plus, reinforce_plus_plus_baseline, gpg (did you mean 'rloo'?)"),
+     "reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, remax (did you mean 'rloo'?)"),
     ({"adv_estimator": "grpo"}, "(did you mean 'group_norm'?)"),
-    ({"adv_estimator": "remax"}, "rl_config.adv_estimator: remax needs each prompt's greedy baseline reward"),
+    ({"adv_estimator": "remax", "gamma": 0.9}, "rl_config.gamma: 0.9 has no effect with adv_estimator remax"),
     ({"adv_estimator": "rloo", "gamma": 0.9}, "rl_config.gamma: 0.9 has no effect with adv_estimator rloo"),
     ({"adv_estimator": "gpg", "norm_adv_by_std_in_grpo": False},
      "rl_config.norm_adv_by_std_in_grpo: false has no effect with adv_estimator gpg"),
@@ -203,7 +230,8 @@ def test_config_refuses_an_estimator_it_cannot_honour_in_one_line(rl: dict[str, 
     assert len(found) == 1 and line in found[0], found
 
 
-@pytest.mark.parametrize("name", ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg"])
+@pytest.mark.parametrize("name", ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg",
+                                  "remax"])
 def test_config_accepts_every_estimator(name: str) -> None:
     cfg = Config()
     cfg.rl_config.adv_estimator = name
@@ -224,7 +252,7 @@ def _import(tmp_path: Path, value: str) -> tuple[int, Path]:
 
 @pytest.mark.parametrize(("value", "ours"), [
     ("rloo", "rloo"), ("reinforce_plus_plus", "reinforce_plus_plus"),
-    ("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline"), ("gpg", "gpg"),
+    ("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline"), ("gpg", "gpg"), ("remax", "remax"),
     ("grpo", "group_norm"), ("group_norm", "group_norm")])
 def test_import_maps_verl_and_mindspeed_estimator_names(tmp_path, capsys, value: str, ours: str) -> None:
     from asp_npu.config import load_config
@@ -235,8 +263,7 @@ def test_import_maps_verl_and_mindspeed_estimator_names(tmp_path, capsys, value:
     assert "not mapped: rl_config.adv_estimator" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("value", "says"), [("opo", "'opo' is not an estimator asp-npu runs"),
-                                             ("remax", "remax needs each prompt's greedy baseline reward")])
+@pytest.mark.parametrize(("value", "says"), [("opo", "'opo' is not an estimator asp-npu runs")])
 def test_import_refuses_an_estimator_asp_npu_cannot_run(tmp_path, capsys, value: str, says: str) -> None:
     rc, out = _import(tmp_path, value)
     err = capsys.readouterr().err.strip().splitlines()
