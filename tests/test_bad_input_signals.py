@@ -98,10 +98,14 @@ class Command:
         self.kill()
         pytest.fail(f"the command ended or took over {limit_s}s before {point}: {self.stderr()}")
 
-    def interrupt(self, sig: int = signal.SIGTERM) -> int:
-        """Send `sig` now; the exit status once the command has ended (killed after EXIT_LIMIT_S)."""
+    def interrupt(self, sig: int = signal.SIGTERM, group: bool = False) -> int:
+        """Send `sig` now (`group`: to the command's whole process group, as Ctrl-C in a terminal does);
+        the exit status once the command has ended (killed after EXIT_LIMIT_S)."""
         self.kids()
-        self.proc.send_signal(sig)
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=EXIT_LIMIT_S)
         finally:
