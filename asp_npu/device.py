@@ -143,13 +143,21 @@ def init_ray(num_cpus: int, single_machine: bool = True, address: str = "", **kw
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     kwargs.setdefault("include_dashboard", False)
-    if address:
-        kwargs.pop("include_dashboard")  # the cluster's head decides about its dashboard
-        ray.init(address=address, **kwargs)
-    else:  # "local": a private instance, never a cluster some `ray start` on this machine left behind
-        ray.init(address="local", num_cpus=num_cpus, **kwargs)
-    if main and callable(previous):  # ray.init put its own (sys.exit) SIGTERM handler in place
-        signal.signal(signal.SIGTERM, previous)
+    try:
+        if address:
+            kwargs.pop("include_dashboard")  # the cluster's head decides about its dashboard
+            ray.init(address=address, **kwargs)
+        else:  # "local": a private instance, never a cluster some `ray start` on this machine left behind
+            ray.init(address="local", num_cpus=num_cpus, **kwargs)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) while it ran: an interrupt
+        if main and exc.code == signal.SIGTERM:
+            from asp_npu import interrupt
+
+            raise interrupt.record(signal.SIGTERM) from None
+        raise
+    finally:
+        if main and callable(previous):  # ray.init put its own (sys.exit) SIGTERM handler in place
+            signal.signal(signal.SIGTERM, previous)
     return True
 
 

@@ -6,12 +6,16 @@ way up shut the actors and Ray down (bounded) and `RunDir.rollback` removes the 
 What the command started and that is still alive then — Ray's GCS and raylet, vLLM workers — is
 ended by `end_children`: every process that descended from this one when the signal came (taken
 then, before a dying parent hands its children to init), SIGTERM first, SIGKILL after a deadline.
+A few steps must not be cut in half - setting a previous run's files aside and putting them back, a
+folder swapped in: they run under `held()`, and a signal that lands there is raised when it ends.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 DEADLINE_S = 10.0  # for the descendants to exit after SIGTERM, before SIGKILL
@@ -31,6 +35,8 @@ class Interrupted(KeyboardInterrupt):
 
 _children: list[Any] = []
 _received: list[int] = []  # the signals caught: Ray or asyncio may re-raise a plain KeyboardInterrupt
+_held: list[int] = [0]  # depth of `held()` sections now running
+_deferred: list[int] = []  # signals that landed in a `held()` section, raised when it ends
 
 
 def _descendants() -> list[Any]:
@@ -47,10 +53,36 @@ def received() -> int | None:
     return _received[0] if _received else None
 
 
-def _raise(signum: int, _frame: Any) -> None:
+def record(signum: int) -> Interrupted:
+    """Note a signal (and the processes descended from this one now) as `install`'s handler does;
+    returns the exception to raise. For a signal that reached us through another handler (Ray's)."""
     _received.append(signum)
     _children.extend(_descendants())
-    raise Interrupted(signum)
+    return Interrupted(signum)
+
+
+def _raise(signum: int, _frame: Any) -> None:
+    exc = record(signum)
+    if _held[0]:
+        _deferred.append(signum)
+        return
+    raise exc
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Run a step that must not be cut in half (moving a run's files): a SIGTERM/SIGINT that lands in
+    it is raised as `Interrupted` once it has ended (unless it ended with an exception of its own)."""
+    _held[0] += 1
+    pending: list[int] = []
+    try:
+        yield
+    finally:
+        _held[0] -= 1
+        if not _held[0]:
+            pending, _deferred[:] = _deferred[:], []
+    if pending:
+        raise Interrupted(pending[0])
 
 
 def install() -> None:

@@ -159,7 +159,7 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
     was measured. Returns mode -> one run summary per seed.
     """
     from asp_npu.io import check_writable
-    from asp_npu.pipeline.train import check_run_dir, prepare_model, train
+    from asp_npu.pipeline.train import check_run_dir
 
     kind = "cpu"
     for m in modes:  # every mode's config and run directory is checked before anything starts
@@ -168,7 +168,24 @@ def run_bench(base: Config, modes: list[str], seeds: list[int], out_dir: Path, j
             check_run_dir(_mode_config(base, m, seed, out_dir), overwrite)
     if json_path:
         check_writable(json_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    made = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _run_seeds(base, modes, seeds, out_dir, kind, json_path, config_path, overrides, overwrite)
+    except BaseException:
+        if made:  # a failed or interrupted bench leaves no empty --out-dir behind (runs roll back)
+            try:
+                out_dir.rmdir()
+            except OSError:
+                pass  # it holds what finished (runs, the warm start): kept
+        raise
+
+
+def _run_seeds(base: Config, modes: list[str], seeds: list[int], out_dir: Path, kind: str,
+               json_path: str | None, config_path: str | None, overrides: list[str] | None,
+               overwrite: bool) -> dict[str, list[dict[str, Any]]]:
+    from asp_npu.pipeline.train import prepare_model, train
+
     prepare_model(base)
     if base.model.warm_start_steps > 0:
         from asp_npu.trainer import sft

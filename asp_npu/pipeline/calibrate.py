@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asp_npu import interrupt
 from asp_npu.config import Config
 from asp_npu.device import DeviceKind
 from asp_npu.rollout.engine import SamplingSettings
@@ -464,4 +465,4 @@ def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> En
     finally:
         if engine is not None:
             engine.shutdown()
-        loop.close()
+        loop.close(1.0 if interrupt.received() else 10.0)  # a signal: the command ends the engine's processes

@@ -9,6 +9,7 @@ trainer group. Everything else the controller asks the actors goes through the s
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -354,8 +355,7 @@ class Fleet:
     def close(self) -> None:
         """Never hangs, never raises: each part gets a bounded, best-effort shutdown, then is killed;
         the queue actor and Ray always go down."""
-        import ray
-
+        ray = sys.modules.get("ray")  # None: Ray never imported, or its import cut short by a signal
         try:
             if self.instances:
                 try:
@@ -373,9 +373,9 @@ class Fleet:
             if self.queue is not None:
                 kill_quietly(self.queue)
                 self.queue = None
-            if ray.is_initialized():
+            if ray is not None and ray.is_initialized():
                 self.cluster.remove()  # a joined cluster outlives the run: give its devices back
-            if self._owns_ray and ray.is_initialized():
+            if self._owns_ray and ray is not None and ray.is_initialized():
                 ray.shutdown()
             if self._ray_log is not None:
                 self._ray_log.restore()

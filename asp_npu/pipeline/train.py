@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asp_npu import interrupt
 from asp_npu.config import Config, to_dict, with_changes
 from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
@@ -120,15 +121,29 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
     # a run resuming into its own directory continues its samples, metrics and run log
     load = cfg.actor_config.load
     continuing = bool(load) and (Path(cfg.trainer.run_dir) / rd.SAMPLES).is_file()
-    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg),
-                           keep_checkpoints=bool(load), overwrite=overwrite, continue_streams=continuing)
-    if continuing:
-        run.continue_from(checkpoint_step(load))
+    run: rd.RunDir | None = None
     try:
+        with interrupt.held():  # a signal now lands once the previous run is set aside and `run` known
+            run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg), keep_checkpoints=bool(load),
+                                   overwrite=overwrite, continue_streams=continuing)
+        if continuing:
+            run.continue_from(checkpoint_step(load))
         print(f"{f'[{label}] ' if label else ''}run {run.path}: config, {len(prompts)} prompts and model "
               f"{cfg.model.path} checked; starting Ray", file=sys.stderr, flush=True)
         summary = run_controller(cfg, run, prompts, kind, console, label)
     except BaseException:
+        if run is not None:
+            _end_failed(run)
+        raise
+    run.commit()
+    draw_report(run.path)
+    return summary
+
+
+def _end_failed(run: rd.RunDir) -> None:
+    """A run that failed or was interrupted: its steps stand if it trained any, else the run folder
+    goes back to how it was (not cut in half by a second signal)."""
+    with interrupt.held():
         if run.trained():
             run.commit()  # the new run's steps and checkpoints are the run now
         else:
@@ -136,10 +151,6 @@ def train(cfg: Config, kind: str, console: bool = True, label: str = "",
                 run.rollback()
             except OSError:
                 pass  # the previous run stays in its previous-run.* folder; the run's own error is the news
-        raise
-    run.commit()
-    draw_report(run.path)
-    return summary
 
 
 def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool,

@@ -187,12 +187,17 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def close(self) -> None:
-        """Cancel what is still pending on the loop, then stop it."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Cancel what is still pending on the loop, then stop it. Never raises: a loop still blocked
+        in a call after `timeout_s` (an engine being built when SIGTERM/SIGINT came) is left to its
+        daemon thread."""
         if self.loop.is_running():
-            self.run(_cancel_pending(), timeout=10)
+            try:
+                self.run(_cancel_pending(), timeout=timeout_s)
+            except TimeoutError:
+                return
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout_s)
         if not self.loop.is_running():
             self.loop.close()
 

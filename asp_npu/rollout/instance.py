@@ -388,6 +388,7 @@ class RolloutInstance:
     async def _slot_in(self) -> None:
         await self._room(1)
         self._slots_used += 1
+
     async def _greedy_baseline(self, item: PromptItem, sampling: SamplingSettings) -> Trajectory:
         """ReMax's baseline of a group: one greedy (temperature 0) response to its prompt, scored by the
         engine's reward function like the samples; not a sample (index BASELINE_IDX, never delivered),

@@ -1,0 +1,103 @@
+"""SIGTERM / SIGINT during the start-up of `bench real`, `calibrate` and `sft` (issue 30), as
+tests/test_bad_input_signals.py does for `train`: each command is cut short at one real signal point
+(its engines or its trainer group starting), then it exits 128 + the signal with one line, no process
+it started is left, and its working folder is as it was (no output, no half-written or empty folder).
+
+SIGINT is sent to the whole process group, as Ctrl-C in a terminal does (the engine's own processes
+get it too). One real start per command: slow, and kept to one case each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_bad_input_commands import REPO, SMALL
+from tests.test_bad_input_signals import Command, assert_interrupted, snapshot
+
+CONFIG = f"--config={REPO}/configs/cpu_tiny.yaml"
+
+# command -> (its arguments in the working folder {ws}, the signal point, the signal, to the group)
+CASES = {
+    "bench real": (["bench", "real", CONFIG, "--modes", "asp", "--iterations", "1", "--out-dir", "{ws}/bench",
+                    "--json", "{ws}/bench.json", *SMALL], "ray::RolloutInstance", signal.SIGTERM, False),
+    "calibrate": (["calibrate", CONFIG, "--out", "{ws}/calib.json", "--quick", "trainer.device=cpu"],
+                  "VLLM::EngineCore", signal.SIGINT, True),
+    "sft": (["sft", CONFIG, "--out", "{ws}/models/sft", "trainer.device=cpu", "sft.steps=2",
+             "data.num_prompts=4", "sft.eval_prompts=4"], "ray::TrainerRank", signal.SIGTERM, False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_signal_during_start_up_ends_the_command_and_leaves_nothing(tmp_path: Path, tiny_model_dir: Path,
+                                                                      name: str) -> None:
+    args, point, sig, group = CASES[name]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("the user's own file\n")
+    before = snapshot(ws)
+    cmd = Command([a.replace("{ws}", str(ws)) for a in args] + [f"model.path={tiny_model_dir}"], ws)
+    cmd.wait_for(point)
+    rc = cmd.interrupt(sig, group=group)
+    assert_interrupted(cmd, name, rc, sig)
+    assert snapshot(ws) == before  # no output, no temp, no empty folder made
+
+
+@pytest.fixture
+def installed():
+    """`interrupt.install()` in this process for one test; the previous handlers and state after it."""
+    from asp_npu import interrupt
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    interrupt.install()
+    try:
+        yield interrupt
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        interrupt._received.clear()
+        interrupt._children.clear()
+        interrupt._deferred.clear()
+
+
+def _signal_self(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.2)  # the handler runs at the next bytecode boundary of the main thread
+
+
+def test_a_signal_in_a_held_step_lands_once_the_step_is_done(installed) -> None:
+    done = []
+    with pytest.raises(installed.Interrupted) as exc:
+        with installed.held():
+            _signal_self(signal.SIGINT)
+            done.append("the step ran to its end")
+    assert done and exc.value.exit_code == 130 and installed.received() == signal.SIGINT
+    with pytest.raises(installed.Interrupted):  # outside a held step it lands at once
+        _signal_self(signal.SIGTERM)
+        done.append("not reached")
+    assert len(done) == 1
+
+
+def test_a_held_step_failing_on_its_own_keeps_its_error(installed) -> None:
+    with pytest.raises(OSError):
+        with installed.held():
+            _signal_self(signal.SIGTERM)
+            raise OSError("disk full")
+    assert installed._deferred == []  # not raised later at some unrelated held step
+
+
+def test_closing_a_loop_blocked_in_a_call_returns_without_raising() -> None:
+    """`calibrate` interrupted while its engine is built: the loop thread is still in the engine's
+    constructor, and closing it must neither raise nor wait for it."""
+    from asp_npu.rollout.engine import LoopThread
+
+    loop = LoopThread()
+    loop.loop.call_soon_threadsafe(time.sleep, 3.0)
+    t0 = time.time()
+    loop.close(0.2)
+    assert time.time() - t0 < 1.5
