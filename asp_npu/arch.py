@@ -232,12 +232,13 @@ class ModelDims:
     @property
     def matmul_params(self) -> int:
         """Weights one token multiplies through (MFU's N): attention and MLP projections of every layer
-        (MoE: the router and the `moe_topk` active experts) and the output layer; the embedding lookup
+        (MoE: the router and the `moe_router_topk` active experts) and the output layer; the embedding lookup
         and the norms are not matmuls."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        h = self.hidden_size
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
-        mlp = (self.moe_topk * 3 * h * self.moe_intermediate_size + h * self.num_experts if self.num_experts
-               else 3 * h * self.intermediate_size)
+        moe = self.moe_router_topk * 3 * h * self.moe_ffn_hidden_size + h * self.num_experts
+        mlp = moe if self.num_experts else 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp) + h * self.vocab_size
 
     def train_flops(self, seq_lens: Iterable[int]) -> float:
@@ -247,7 +248,7 @@ class ModelDims:
         `s` tokens holds s (s + 1) / 2 such pairs. The usual MFU numerator (PaLM appendix B, causal)."""
         lens = [int(n) for n in seq_lens]
         pairs = sum(n * (n + 1) / 2 for n in lens)
-        attention = 12.0 * self.num_layers * self.num_heads * self.head_dim * pairs
+        attention = 12.0 * self.num_layers * self.num_attention_heads * self.head_dim * pairs
         return 6.0 * self.matmul_params * sum(lens) + attention
 
     @classmethod

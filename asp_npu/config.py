@@ -239,7 +239,8 @@ class RLConfig(Section):
     """The RL loop (MindSpeed-RL `rl_config` + the asynchronous lag control)."""
 
     mode: str = "asp"  # one of MODES
-    adv_estimator: str = "group_norm"  # group_norm (GRPO), gae (PPO with a critic: critic_config) or a critic-free estimator of verl (docs/loss.md)
+    # group_norm (GRPO), gae (PPO with a critic: critic_config) or a critic-free estimator (docs/loss.md)
+    adv_estimator: str = "group_norm"
     gamma: float = 1.0  # discount: gae and reinforce_plus_plus (MindSpeed-RL / verl gamma)
     lam: float = 0.95  # gae: lambda (MindSpeed-RL / verl rl_config.lam)
     cliprange_value: float = 0.5  # gae: value clipping around the scoring values (0 = off; verl critic)
@@ -496,7 +497,6 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.mini_batch_size": AT_LEAST_1,
     "rl_config.weight_refresh_interval": AT_LEAST_1,
     "rl_config.clip_ratio_low": (0, 1, False, False),
-    "rl_config.gamma": (0, 1, False, False),
     "rl_config.importance_cap": (0, None, False, False),  # 0 = no off-policy correction
     "rl_config.filter_groups_max_batches": (-1, None, False, False),  # -1 / 0: no cap (verl, MindSpeed-RL)
     "rl_config.kl_target": POSITIVE,

@@ -25,7 +25,8 @@ async def main() -> None:
     print(f"calculator: 20 calls, median {statistics.median(ts) * 1000:.0f} ms, max {max(ts) * 1000:.0f} ms")
     t0 = time.perf_counter()
     rs = await asyncio.gather(*(call_tool("calculator", {"expression": "2*3"}, 10) for _ in range(16)))
-    print(f"16 concurrent calculator calls: {time.perf_counter() - t0:.2f} s wall, all ok={all(r.ok for r in rs)}")
+    wall = time.perf_counter() - t0
+    print(f"16 concurrent calculator calls: {wall:.2f} s wall, all ok={all(r.ok for r in rs)}")
     lim = SandboxLimits(timeout_s=2.0, cpu_s=1, memory_mb=256, output_bytes=8192)
     for name, code in CASES:
         r = await run_sandboxed("python", code, lim)
