@@ -60,8 +60,8 @@ def test_against_limit_is_the_simulators_bound_on_the_runs_own_costs():
 
 
 def test_mfu_counts_6n_plus_causal_attention():
-    dims = ModelDims(hidden_size=64, intermediate_size=128, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, vocab_size=100, rms_norm_eps=1e-6, rope_theta=1e4,
+    dims = ModelDims(hidden_size=64, intermediate_size=128, num_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, vocab_size=100, rms_norm_eps=1e-6, rope_theta=1e4,
                      max_position_embeddings=128, tie_word_embeddings=True)
     attn = 64 * 64 + 2 * 64 * 32 + 64 * 64
     assert dims.matmul_params == 2 * (attn + 3 * 64 * 128) + 64 * 100
