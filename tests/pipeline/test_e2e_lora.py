@@ -41,9 +41,9 @@ def run(tmp_path_factory) -> Path:
 def test_lora_run_trains_and_refreshes(run):
     summary = json.loads((run / rd.SUMMARY).read_text())
     assert summary["steps"] >= 2
-    rows = [r for r in read_metrics(run / rd.METRICS) if "grad_norm" in r]
+    rows = [r for r in read_metrics(run / rd.METRICS) if "actor/grad_norm" in r]
     assert len(rows) == summary["steps"]
-    assert all(r["grad_norm"] > 0 for r in rows[1:])  # B starts at zero: from the 2nd step A moves too
+    assert all(r["actor/grad_norm"] > 0 for r in rows[1:])  # B starts at zero: from the 2nd step A moves too
     samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
     assert max(s["policy_version"] for s in samples) >= 1  # instances generated with refreshed weights
 
