@@ -203,6 +203,11 @@ class ActorConfig(Section):
     # stepped in host memory; needs use_distributed_optimizer
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: float = 1.0
+    # LoRA (MindSpeed-RL names; verl's lora_rank / target_modules import to them): the base weights are
+    # frozen, adapters on these megatron layers are trained and checkpointed, refreshes send W + alpha/r BA
+    lora_r: int = 0  # adapter rank (0 = no LoRA: every weight trains)
+    lora_alpha: float = 16.0  # the adapter's output is scaled by lora_alpha / lora_r
+    lora_target_modules: list[str] = field(default_factory=list)  # of LORA_TARGETS
 
     def pinned_cores(self) -> list[int]:
         """`cpu_cores` as core ids ([] = not pinned)."""
@@ -500,6 +505,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "rl_config.importance_cap": (0, None, False, False),  # 0 = no off-policy correction
     "rl_config.filter_groups_max_batches": (-1, None, False, False),  # -1 / 0: no cap (verl, MindSpeed-RL)
     "rl_config.kl_target": POSITIVE,
+    "actor_config.lora_alpha": POSITIVE,
     "rl_config.kl_horizon": POSITIVE,
     "rl_config.max_prompt_length": AT_LEAST_1,
     "rl_config.plan_cost_a": POSITIVE,
@@ -624,6 +630,7 @@ def validate(cfg: Config) -> list[str]:
     if act.cpu_cores and not all(c.strip().isdigit() for c in act.cpu_cores.split(",")):
         problems.append(f"actor_config.cpu_cores: '{act.cpu_cores}' is not a comma-separated list of cores")
     problems += _trainer_feature_problems(act, rl.mode)
+    problems += lora_problems(act)
     problems += optimizer_problems(act, cfg.trainer.train_iters)
     problems += _layout_auto_problems(cfg)
     problems += _npu_rollout_problems(gen)
@@ -890,6 +897,25 @@ def _trainer_feature_problems(act: ActorConfig, mode: str) -> list[str]:
         problems.append(f"actor_config.{offload[0]}: offload only applies when rollout and training share "
                         f"devices (rl_config.mode {'|'.join(COLOCATED_MODES)}), not in mode '{mode}'")
     return problems
+
+
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # asp_npu.trainer.lora
+
+
+def lora_problems(act: ActorConfig) -> list[str]:
+    """LoRA settings the trainer cannot build: a rank without targets or the reverse, unknown layers."""
+    if not act.lora_r and not act.lora_target_modules:
+        return []
+    unknown = [t for t in act.lora_target_modules if t not in LORA_TARGETS]
+    if unknown:
+        return [f"actor_config.lora_target_modules: '{unknown[0]}' is not a layer LoRA applies to "
+                f"(one of {'|'.join(LORA_TARGETS)})"]
+    if act.lora_r < 1:
+        return [f"actor_config.lora_r: must be >= 1 when lora_target_modules is set (got {act.lora_r})"]
+    if not act.lora_target_modules:
+        return [f"actor_config.lora_target_modules: empty with lora_r {act.lora_r}; name the layers "
+                f"({'|'.join(LORA_TARGETS)})"]
+    return []
 
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # megatron-core OptimizerParamScheduler styles we test

@@ -49,6 +49,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (VALUE, ["check", CONFIG, "--no-sim", "generate_config.gpu_memory_utilization=1.5"],
      "generate_config.gpu_memory_utilization"),
     (TYPE, ["check", CONFIG, "--no-sim", "actor_config.micro_batch_size=eight"], "micro_batch_size"),
+    (VALUE, ["check", CONFIG, "--no-sim", "actor_config.lora_r=8",
+             "actor_config.lora_target_modules=[q_proj]"],
+     "actor_config.lora_target_modules: 'q_proj' is not a layer LoRA applies to"),
+    (VALUE, ["check", CONFIG, "--no-sim", "actor_config.lora_r=0",
+             "actor_config.lora_target_modules=[linear_qkv]"],
+     "actor_config.lora_r: must be >= 1 when lora_target_modules is set (got 0)"),
     # train preflight: refused before any actor starts, no run directory made
     (VALUE, [*TRAIN, "trainer.run_dir={ws}/new_run", "actor_config.lr=nan"], "actor_config.lr"),
     (VALUE, [*TRAIN, "trainer.run_dir={ws}/new_run", "generate_config.sampling_config.top_p=5"], "top_p"),

@@ -144,10 +144,8 @@ _SHUFFLE = ("no effect on the trained result: an asp-npu trainer step is one min
             "minibatch order to shuffle (its micro-batches are summed)")
 _REWARD = "asp-npu scores with the dataset's reward function (data.task / each row's data_source)"
 _LOG = "logger option: asp-npu logs to trainer.logger (console, jsonl, tensorboard)"
-_REFUSED = {  # MindSpeed-RL key -> why asp-npu cannot run such a config at all
-    "megatron_training.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
-    "actor_config.lora_r": "LoRA training is not supported: the asp-npu trainer updates all weights",
-}
+# MindSpeed-RL key -> why asp-npu cannot run such a config at all (none since PPO, LoRA and multi-turn)
+_REFUSED: dict[str, str] = {}
 
 # section -> key -> (our dotted key, converter) | reason string (could not map)
 _DIRECT = {
@@ -240,10 +238,6 @@ _TRAINING_REASONS = {
     "initial_loss_scale": "loss scaling is for fp16; bf16 trains unscaled",
     "use_rotary_position_embeddings": _HF,
     "no_pad_to_seq_lengths": _DATA,
-    "lora_ckpt_filter": "LoRA training is not supported",
-    "lora_alpha": "LoRA training is not supported",
-    "lora_fusion": "LoRA training is not supported",
-    "lora_target_modules": "LoRA training is not supported",
 }
 _RL_REASONS = {
     **dict.fromkeys(
@@ -500,12 +494,35 @@ def _implied_key(tr: Translation, key: str, value: Any) -> None:
         tr.skip(key, f"only {_IMPLIED_DEFAULTS[key]!r} is supported (got {value!r})")
 
 
+_LORA_KEYS = ("lora_r", "lora_alpha", "lora_target_modules", "lora_fusion", "lora_ckpt_filter", "lora_filter")
+
+
+def _lora_key(tr: Translation, key: str, leaf: str, value: Any) -> None:
+    """MindSpeed-RL's grpo_lora keys (megatron_training / actor_config) -> actor_config's LoRA keys."""
+    if leaf == "lora_r":
+        tr.set(key, "actor_config.lora_r", _as_int(key, value))
+    elif leaf == "lora_alpha":
+        tr.set(key, "actor_config.lora_alpha", _as_float(key, value))
+    elif leaf == "lora_target_modules":
+        tr.set(key, "actor_config.lora_target_modules",
+               [str(v) for v in (value if isinstance(value, list) else [value])])
+    elif leaf == "lora_fusion":
+        tr.mapped.append(key)
+        tr.notes.append(f"{key}={value}: CCLoRA's communication overlap is an Ascend kernel option; "
+                        "asp-npu's adapters give the same result unfused")
+    else:  # lora_ckpt_filter / lora_filter
+        tr.mapped.append(key)
+        tr.notes.append(f"{key}={value}: asp-npu's LoRA checkpoints always hold only the adapters")
+
+
 def _training_key(ms: dict[str, Any], tr: Translation, found: _Found, key: str, value: Any) -> bool:
     """megatron_training / actor_config keys; False = not one asp-npu maps."""
     top, leaf = key.split(".")[0], key.split(".")[-1]
     if leaf == "model":
         found.model_name = str(value)
         tr.mapped.append(key)
+    elif leaf in _LORA_KEYS:
+        _lora_key(tr, key, leaf, value)
     elif leaf in _DIRECT:
         if top == "megatron_training" and leaf in ms.get("actor_config", {}):
             tr.mapped.append(key)  # the actor's own value wins, as in MindSpeed-RL
@@ -1391,4 +1408,48 @@ def translate_verl_actor(actor: dict[str, Any], prefix: str = "actor_rollout_ref
     if "grad_clip" in actor:
         tr.set(f"{prefix}.grad_clip", "actor_config.clip_grad", _as_float(f"{prefix}.grad_clip",
                                                                           actor["grad_clip"]))
+    return tr
+
+
+def _verl_targets(key: str, value: Any) -> list[str]:
+    """verl's / PEFT's `target_modules` (HF names or "all-linear") -> megatron layers, in LORA_TARGETS
+    order; a fused megatron layer takes the adapter when any of its HF projections is named."""
+    from asp_npu.config import LORA_TARGETS
+
+    names = [value] if isinstance(value, str) else list(value or [])
+    if "all-linear" in names:
+        return list(LORA_TARGETS)
+    hf_to = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
+             "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "down_proj": "linear_fc2",
+             **{t: t for t in LORA_TARGETS}}
+    unknown = [str(n) for n in names if n not in hf_to]
+    if unknown:
+        raise UserError(f"{key}: '{unknown[0]}' is not a projection LoRA applies to "
+                        f"(all-linear, {', '.join(sorted(hf_to))})")
+    found = {hf_to[str(n)] for n in names}
+    return [t for t in LORA_TARGETS if t in found]
+
+
+def translate_verl_lora(model: dict[str, Any], prefix: str = "actor_rollout_ref.model") -> Translation:
+    """verl's LoRA keys (`lora_rank`, `lora_alpha`, `target_modules`) -> actor_config's LoRA keys.
+
+    verl's `lora_rank: 0` means no LoRA; its adapters are PEFT's on q/k/v/o/gate/up/down, asp-npu's on
+    megatron's fused layers (q/k/v one adapter on linear_qkv, gate/up one on linear_fc1)."""
+    tr = Translation()
+    rank = _as_int(f"{prefix}.lora_rank", model.get("lora_rank", 0) or 0)
+    if not rank:
+        for leaf in ("lora_rank", "lora_alpha", "target_modules"):
+            if leaf in model:
+                tr.mapped.append(f"{prefix}.{leaf}")
+        return tr
+    tr.set(f"{prefix}.lora_rank", "actor_config.lora_r", rank)
+    tr.set(f"{prefix}.lora_alpha", "actor_config.lora_alpha",
+           _as_float(f"{prefix}.lora_alpha", model.get("lora_alpha", 16)))
+    targets = _verl_targets(f"{prefix}.target_modules", model.get("target_modules", "all-linear"))
+    tr.set(f"{prefix}.target_modules", "actor_config.lora_target_modules", targets)
+    given = model.get("target_modules")
+    named = set(given) if isinstance(given, list) else {"q_proj", "k_proj", "v_proj"}
+    if "linear_qkv" in targets and {"q_proj", "k_proj", "v_proj"} - named - {"linear_qkv"}:
+        tr.notes.append(f"{prefix}.target_modules: q/k/v share megatron's linear_qkv, so its adapter "
+                        "covers all three")
     return tr

@@ -167,6 +167,22 @@ def layer_activation_bytes(cfg: Config, arch: ModelDims, tokens: int, moe: bool)
     return tokens * (replicated + split / tp)
 
 
+def lora_params(cfg: Config, arch: ModelDims, sp: StageParams) -> float:
+    """Adapter parameters one trainer rank of a stage holds (`asp_npu.trainer.lora`): per target layer
+    A [r, in] and B [out, r], the matrix on W's split dimension divided over TP, the other replicated;
+    MoE layers' experts take no adapter (0 without LoRA)."""
+    act = cfg.actor_config
+    r, tp, t = act.lora_r, act.tensor_model_parallel_size, set(act.lora_target_modules)
+    if not r or not t:
+        return 0.0
+    h, q = arch.hidden_size, arch.num_attention_heads * arch.head_dim
+    qkv_out = q + 2 * arch.num_key_value_heads * arch.head_dim
+    per_layer = (("linear_qkv" in t) * r * (h + qkv_out / tp) + ("linear_proj" in t) * r * (q / tp + h))
+    mlp = (("linear_fc1" in t) * r * (h + 2 * arch.intermediate_size / tp)
+           + ("linear_fc2" in t) * r * (arch.intermediate_size / tp + h))
+    return sp.layers * per_layer + (sp.layers - sp.moe_layers) * mlp
+
+
 def stage_activation_bytes(cfg: Config, arch: ModelDims, sp: StageParams,
                            in_flight: int) -> tuple[float, str]:
     """Activations a stage holds at the 1F1B peak, and how they were counted."""
@@ -245,9 +261,15 @@ def stage_memory(cfg: Config, arch: ModelDims, card: Card, stage: int) -> Memory
     sp = stage_params(cfg, arch, stage)
     params = sp.dense + sp.experts
     acts, how = stage_activation_bytes(cfg, arch, sp, min(pp - stage, n_micro))
+    adapters = lora_params(cfg, arch, sp)
+    if adapters:  # LoRA: the base is frozen (no gradient buffer, no optimizer state); adapters train
+        how += (f"; LoRA r{act.lora_r}: {adapters / 1e6:.1f}M adapter params per rank train, "
+                "the base is frozen")
+        sp = StageParams(adapters, 0.0, sp.layers, sp.moe_layers)
+    trained = sp.dense + sp.experts
     parts = {
-        "weights": params * wb / GIB,
-        "gradients": params * 4 / GIB,
+        "weights": (params + adapters) * wb / GIB,
+        "gradients": trained * 4 / GIB,
         "optimizer": (1 - off) * (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
         "activations": acts / GIB,
         "logits": (8 * tokens * arch.vocab_size / tp / cp / GIB) if stage == pp - 1 else 0.0,

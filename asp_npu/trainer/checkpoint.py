@@ -98,6 +98,10 @@ def _sharded_state(worker: Any, is_loading: bool) -> dict[str, Any]:
     if is_loading:
         _allocate_optimizer_state(worker.optimizer)
     model = worker.module.sharded_state_dict()
+    if getattr(worker, "lora", None) is not None:  # LoRA: the frozen base comes from model.path
+        from asp_npu.trainer.lora import adapter_only
+
+        model = adapter_only(model)
     return {"model": model,
             "optimizer": worker.optimizer.sharded_state_dict(model, is_loading=is_loading,
                                                              metadata=_OPT_METADATA)}
@@ -157,11 +161,18 @@ def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> 
                 "model_path": str(worker.model_path),
                 "kl_coef": float(worker.kl_ctrl.value),  # the adaptive KL controller's position
                 "use_distributed_optimizer": bool(worker.cfg.actor_config.use_distributed_optimizer),
+                "lora": _lora_meta(worker),
                 "lr_scheduler": worker.scheduler.state_dict()})
         if commit:
             commit_checkpoint(root, it)
     dist.barrier()
     return it
+
+
+def _lora_meta(worker: Any) -> dict[str, Any] | None:
+    """The LoRA a checkpoint's adapters belong to (None: a whole-model checkpoint)."""
+    spec = getattr(worker, "lora", None)
+    return None if spec is None else {"r": spec.r, "alpha": spec.alpha, "targets": list(spec.targets)}
 
 
 def layout_meta(lay: Any) -> dict[str, int]:
@@ -264,12 +275,16 @@ def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
         raise ConfigError(f"checkpoint {directory} was written with use_distributed_optimizer="
                           f"{str(meta['use_distributed_optimizer']).lower()}; the trainer runs "
                           f"{str(dist_opt).lower()} (its optimizer state layouts differ)")
+    if meta.get("lora") != _lora_meta(worker):  # adapters-only vs whole-model checkpoints
+        raise ConfigError(f"checkpoint {directory} was written with LoRA {meta.get('lora')}; the trainer "
+                          f"runs LoRA {_lora_meta(worker)} (actor_config.lora_r, lora_alpha, "
+                          "lora_target_modules)")
     it = Path(meta["path"])
     # megatron's HybridDeviceOptimizer (optimizer_cpu_offload) keeps its sub-optimizer classes in its
     # param groups, so they are in the saved common state: let torch's safe loader accept those two
     with torch.serialization.safe_globals([torch.optim.AdamW, torch.optim.SGD]):
         state = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(it / "dist"))
-    worker.module.load_state_dict(state["model"], strict=True)
+    worker.module.load_state_dict(state["model"], strict=getattr(worker, "lora", None) is None)
     worker.optimizer.load_state_dict(state["optimizer"])
     _unshare_steps(worker.optimizer)
     if {"cp": 1, **meta["layout"]} == layout_meta(worker.layout):  # checkpoints before CP lack "cp"

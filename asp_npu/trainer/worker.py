@@ -108,7 +108,7 @@ class TrainerWorker:
         from megatron.core.optimizer import get_megatron_optimizer
 
         from asp_npu import device
-        from asp_npu.trainer import optim
+        from asp_npu.trainer import lora, optim
         from asp_npu.trainer.convert import load_hf_into_model
         from asp_npu.trainer.megatron_ckpt import initial_weights
         from asp_npu.trainer.model import build_model
@@ -128,6 +128,9 @@ class TrainerWorker:
             return self._adapt(model)
 
         self.module = loaded_model(hf)
+        self.lora = lora.LoraSpec.from_actor(act)  # LoRA: base frozen, only adapters reach the optimizer
+        if self.lora is not None:
+            lora.attach(self.module, self.lora, act.seed)
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
             self.ref_model = loaded_model(hf)
@@ -620,10 +623,12 @@ class TrainerWorker:
     def _get_hf_weights(self) -> Any:
         """This pipeline stage's full HF tensors (numpy) on its TP-0/DP-0 rank, else None; + version."""
         from asp_npu.trainer.convert import megatron_stage_to_hf, to_numpy
+        from asp_npu.trainer.lora import merged_state
         from asp_npu.weights.hf import HFWeights
 
         ps = self._ps()
-        tensors = megatron_stage_to_hf(self.module, self.dims)
+        tensors = megatron_stage_to_hf(self.module, self.dims,
+                                       merged_state(self.module) if self.lora is not None else None)
         if (ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
                 and ps.get_context_parallel_rank() == 0):
             return HFWeights(self.version, to_numpy(tensors))
