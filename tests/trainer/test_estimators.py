@@ -214,7 +214,7 @@ def test_group_norm_through_the_dispatch_is_grpo(gs: list[list[float]]) -> None:
 
 # ------------------------------------------------------------------ config and import
 @pytest.mark.parametrize(("rl", "line"), [
-    ({"adv_estimator": "rlo"}, "rl_config.adv_estimator: 'rlo' is not one of group_norm, rloo, "
+    ({"adv_estimator": "rlo"}, "rl_config.adv_estimator: 'rlo' is not one of group_norm, gae, rloo, "
      "reinforce_plus_plus, reinforce_plus_plus_baseline, gpg, remax (did you mean 'rloo'?)"),
     ({"adv_estimator": "grpo"}, "(did you mean 'group_norm'?)"),
     ({"adv_estimator": "remax", "gamma": 0.9}, "rl_config.gamma: 0.9 has no effect with adv_estimator remax"),
