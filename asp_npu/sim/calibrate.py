@@ -179,8 +179,10 @@ def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
     if tr:
         for name, key in (("trainer_s_per_token", "trainer"),
                           ("trainer_s_per_token_colocated", "trainer_colocated")):
-            t = tr[key]
-            scale = t["world"] * t["threads"]
+            t = tr.get(key) or {}
+            if "step_s" not in t:  # given as a fitted figure only: no repeats to spread
+                continue
+            scale = t.get("world", 1) * t.get("threads", 1)
             per = [fit_step([a], tr["batch_tokens"], [b], tr["short_batch_tokens"])[1] * scale
                    for a, b in zip(t["step_s"], t["short_step_s"], strict=False)]
             out[name] = spread(per)

@@ -31,7 +31,7 @@ def run(tmp_path_factory):
     model = build_model_dir(root / "tiny", "tiny", seed=0)
     sft = root / "sft"
     assert cli_main(["sft", "--config", CONFIG, "--out", str(sft), f"model.path={model}",
-                     "sft.eval_prompts=8", "sft.steps=50"]) == 0
+                     "sft.eval_prompts=8"]) == 0
     out = root / "run"
     assert cli_main(["train", "--config", CONFIG, f"model.path={sft}", "trainer.train_iters=2",
                      f"trainer.run_dir={out}", *SMALL]) == 0
