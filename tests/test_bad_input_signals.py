@@ -127,13 +127,24 @@ class Command:
 
 
 def own_tracebacks(err: list[str]) -> list[str]:
-    """Tracebacks in the command's stderr other than those a Python child process it started prints
-    under its own header ("Process EngineCore:"): vLLM's engine processes get a terminal's Ctrl-C too."""
+    """Tracebacks in the command's stderr that run through asp-npu's code: not those a Python child it
+    started prints under its own header ("Process EngineCore:"), nor a child interpreter's cut short
+    while it starts (frames of its own start-up only): a group's Ctrl-C reaches them too."""
     def child(header: str) -> bool:
         return header.startswith("Process ") and header.rstrip().endswith(":")
 
-    return [line for before, line in zip(["", *err], err, strict=False)
-            if line.startswith("Traceback") and not child(before)]
+    own = []
+    for i, line in enumerate(err):
+        if not line.startswith("Traceback") or (i and child(err[i - 1])):
+            continue
+        frames = []
+        for nxt in err[i + 1:]:
+            if not nxt.startswith(" "):
+                break
+            frames.append(nxt)
+        if any("asp_npu" in f for f in frames):
+            own.append(line)
+    return own
 
 
 def assert_interrupted(cmd: Command, name: str, rc: int, sig: int = signal.SIGTERM) -> None:
