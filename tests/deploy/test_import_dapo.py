@@ -47,17 +47,9 @@ def test_no_cap_on_filtered_batches_imports_as_written(tmp_path: Path) -> None:
     validates (it was refused as out of range), and the run filters without a cap."""
     from asp_npu.config import validate
     from asp_npu.data.shaping import filter_budget
+    from tests.deploy.mindspeed_fixture import import_edited
 
-    ms = OmegaConf.to_container(OmegaConf.load(FIXTURE))
-    ms["rl_config"].update({"filter_groups_enable": True, "filter_groups_max_batches": -1})
-    src = tmp_path / "src" / FIXTURE.name
-    src.parent.mkdir()
-    shutil.copytree(FIXTURE.parent / "model", src.parent / "model")
-    src.write_text(OmegaConf.to_yaml(OmegaConf.create(ms)))
-    out = tmp_path / "ours.yaml"
-    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode",
-                     "mindspeed-sync"]) == 0
-    cfg = load_config(str(out), check=False)
+    cfg = import_edited(tmp_path, {"filter_groups_enable": True, "filter_groups_max_batches": -1})
     assert cfg.rl_config.filter_groups_max_batches == -1
     assert not [p for p in validate(cfg) if "filter_groups_max_batches" in p]
     assert filter_budget(cfg.rl_config.filter_groups_max_batches, 32, 10) is None

@@ -4,30 +4,16 @@ top_p < 1 is."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from asp_npu.cli import main as cli_main
-from asp_npu.config import Config, load_config, validate
-
-FIXTURE = Path(__file__).parent / "fixtures" / "grpo_qwen25_7b_A3.yaml"
+from asp_npu.config import Config, validate
+from tests.deploy.mindspeed_fixture import import_edited
 
 
 def _import(tmp_path: Path, rl: dict, sampling: dict, capsys) -> tuple[Config, str]:
-    ms = OmegaConf.to_container(OmegaConf.load(FIXTURE))
-    ms["rl_config"].update(rl)
-    ms["generate_config"]["sampling_config"].update(sampling)
-    src = tmp_path / "src" / FIXTURE.name
-    src.parent.mkdir()
-    shutil.copytree(FIXTURE.parent / "model", src.parent / "model")
-    src.write_text(OmegaConf.to_yaml(OmegaConf.create(ms)))
-    out = tmp_path / "ours.yaml"
-    assert cli_main(["import-config", "mindspeed-rl", str(src), "--out", str(out), "--mode",
-                     "mindspeed-sync"]) == 0
-    return load_config(str(out), check=False), capsys.readouterr().out
+    return import_edited(tmp_path, rl, sampling), capsys.readouterr().out
 
 
 def test_filter_metric_names_the_verifier_as_there(tmp_path: Path, capsys) -> None:
