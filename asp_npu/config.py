@@ -21,7 +21,8 @@ from asp_npu.errors import ConfigError, UserError
 class Section:
     """A config section, read-only once `freeze` has run (after validation): no role changes the run's
     config mid-run. A changed copy comes from `with_changes`; what start-up derives (placement, cores,
-    the warm-started model) is passed beside the config, not written into it."""
+    the warm-started model, a restart's checkpoint) is a record beside the config, not written into it
+    (`pipeline/derived.py`)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen", False):
@@ -172,8 +173,8 @@ class ActorConfig(Section):
     # per-sequence boundaries instead of right padding; with use_dynamic_bsz the budget counts real tokens
     use_remove_padding: bool = False
     num_threads: int = 0  # torch threads per trainer rank (0 = cores / ranks)
-    cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned;
-    #                      the pipeline fills it from its placement)
+    cpu_cores: str = ""  # CPU: cores the trainer ranks are pinned to, e.g. "1" or "2,3" ("" = not pinned,
+    #                      or the pipeline's placement's cores: its derived.yaml)
     use_distributed_optimizer: bool = False  # shard optimizer state (and fp32 master weights) over DP
     sequence_parallel: bool = False  # split norms/dropout activations over TP ranks (needs TP > 1)
     recompute_granularity: str = ""  # "" | selective | full (activation recomputation)

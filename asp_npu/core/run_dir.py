@@ -1,6 +1,8 @@
 """The run directory: everything one training run leaves behind, in one documented layout.
 
     config.yaml        the resolved config (defaults + file + overrides) the run used
+    derived.yaml       what the run derived at its (latest) start: the policy it started from, the
+                       checkpoint it resumed from, the trainer ranks' cores (`pipeline/derived.py`)
     metrics.jsonl      one row per trainer step (asp_npu.observe.metrics names)
     tensorboard/       the same metrics as TensorBoard events
     samples.jsonl      the consumption ledger: one row per trained sample (prompt_id, sample_idx,
@@ -39,6 +41,7 @@ from asp_npu.errors import UserError
 from asp_npu.io import atomic_write, atomic_write_json, atomic_write_lines
 
 CONFIG = "config.yaml"
+DERIVED = "derived.yaml"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 SAMPLES = "samples.jsonl"
@@ -53,8 +56,8 @@ WARM_START = "warm_start"
 RUN_LOG = "run_log.jsonl"
 LOGS = "logs"  # each actor's own log (asp_npu.observe.actor_log)
 MARKER = ".asp-npu-run"  # marks the folder as a run's: no other command's output is written into it
-OWNED = (CONFIG, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS, REPORT,
-         WARM_START, RUN_LOG, LOGS, MARKER)
+OWNED = (CONFIG, DERIVED, METRICS, TENSORBOARD, SAMPLES, QUEUE, EVENTS, PLANS, TIMELINE, SUMMARY, CHECKPOINTS,
+         REPORT, WARM_START, RUN_LOG, LOGS, MARKER)
 STREAMED = (SAMPLES, METRICS, RUN_LOG, LOGS)  # appended as the run goes: a resumed run continues them
 PREVIOUS = "previous-run"  # prefix of the folder a replaced run's files wait in until the new run trained
 

@@ -195,7 +195,7 @@ def _run_seeds(base: Config, modes: list[str], seeds: list[int], out_dir: Path, 
         sft.warm_start(base, out_dir=str(ws), steps=base.model.warm_start_steps)
         print(f"warm start: {base.model.warm_start_steps} SFT steps in {time.time() - t0:.0f}s -> {ws}",
               file=sys.stderr)
-        base.model.path = str(ws)
+        base = with_changes(base, {"model.path": str(ws)})  # every mode starts from the warm start
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for k, seed in enumerate(seeds):
         order = modes[k % len(modes):] + modes[: k % len(modes)]

@@ -178,16 +178,16 @@ def measure_engine(
     )
 
 
-def _placed(cfg: Config, kind: DeviceKind, mode: str) -> tuple[Config, Any]:
-    """A copy of `cfg` run as `mode`, with the trainer ranks' cores and threads the controller would
-    give it (`pipeline.fleet.Fleet` places without starting anything), and that placement."""
+def _placed(cfg: Config, kind: DeviceKind, mode: str) -> tuple[Config, Any, Any]:
+    """A copy of `cfg` run as `mode`, that placement (`pipeline.fleet.Fleet` places without starting
+    anything) and the trainer ranks' start in it (`RankStart`: the cores and threads the run gives them)."""
     from asp_npu.config import with_changes
     from asp_npu.core.modes import mode_spec
     from asp_npu.pipeline.fleet import Fleet
 
     c = with_changes(cfg, {"rl_config.mode": mode})
     fleet = Fleet(c, kind, mode_spec(mode, c.generate_config.admission))
-    return c, fleet.placement
+    return c, fleet.placement, fleet.derived.rank_start()
 
 
 class _Busy:
@@ -234,7 +234,7 @@ def _set_nice(value: int) -> bool:
         return False
 
 
-def _start_other_instances(acfg: Config, placement: Any, kind: DeviceKind, settings: Any,
+def _start_other_instances(acfg: Config, placement: Any, start: Any, kind: DeviceKind, settings: Any,
                            out: dict[str, Any]) -> list[Any]:
     """The run's instances beside engine 0 on their placed cores (none when rollout and trainer are
     disjoint), at the run's priority; records the placement in `out`."""
@@ -247,8 +247,8 @@ def _start_other_instances(acfg: Config, placement: Any, kind: DeviceKind, setti
     if placement is None:
         return extra
     out["placement"] = {"disjoint": placement.disjoint, "instance_cores": placement.instance_cores,
-                        "trainer_cores": acfg.actor_config.pinned_cores() or placement.trainer_cores,
-                        "trainer_threads": acfg.actor_config.num_threads, "nice": placement.rollout_nice}
+                        "trainer_cores": list(start.cores) or placement.trainer_cores,
+                        "trainer_threads": start.threads, "nice": placement.rollout_nice}
     for cores in ([] if placement.disjoint else placement.instance_cores[1:]):
         pin_process(list(cores))  # the engine's processes inherit it
         extra.append(VLLMEngine(settings, rollout_env(kind, list(cores), acfg.generate_config.kv_cache_gib)))
@@ -271,22 +271,21 @@ def measure_sharing(
 
     pin_process(all_cores)  # placement reads this process's cores, which engine 0 narrowed
     mode = async_mode(cfg)
-    acfg, placement = _placed(cfg, kind, mode)
+    acfg, placement, start = _placed(cfg, kind, mode)
     gen = cfg.generate_config
     out: dict[str, Any] = {"mode": mode, "placement": None}
-    extra = _start_other_instances(acfg, placement, kind, settings, out)
+    extra = _start_other_instances(acfg, placement, start, kind, settings, out)
     pin_process(all_cores)  # Ray and the trainer ranks get the run's placement, not engine 0's cores
     _set_nice(0)  # nor engine 0's priority (measure_config lowered this process's for its engine)
     batch = calibration_batch(acfg)
     short = calibration_batch(acfg, length_scale=0.25)  # same samples, answers a quarter as long
     tokens, short_tokens = batch_tokens(batch), batch_tokens(short)
-    act = acfg.actor_config
     world = trainer_world(acfg)
     d_tokens = 32 if quick else 64
     probe = _Probe(loop, engine, random.Random(7), max(1, gen.max_num_seqs // 2), d_tokens,
                    max(8, min(4 * d_tokens, engine.max_model_len - 20)))  # prompts are 16 tokens
     d_alone, d_shared, t_alone, t_shared = [], [], [], []
-    group = TrainerGroup(acfg)
+    group = TrainerGroup(acfg, start=start)
     if placement is not None and placement.disjoint:
         pin_process(list(placement.instance_cores[0]))  # engine 0 front-end (here) off the trainer cores
     try:
@@ -312,7 +311,7 @@ def measure_sharing(
         "batch_samples": batch.num_samples,
         "batch_tokens": tokens,
         "short_batch_tokens": short_tokens,
-        "trainer": _trainer_fit(t_alone, t_short, tokens, short_tokens, world, max(1, act.num_threads)),
+        "trainer": _trainer_fit(t_alone, t_short, tokens, short_tokens, world, max(1, start.threads)),
         "trainer_colocated": _trainer_fit(c_steps, c_short, tokens, short_tokens, cworld, cthreads),
         "sharing": {"decode_batch": probe.batch, "decode_alone_s": d_alone, "decode_shared_s": d_shared,
                     "train_alone_s": t_alone, "train_shared_s": t_shared,
@@ -353,8 +352,7 @@ def _measure_colocated(
     from asp_npu.trainer.group import TrainerGroup
 
     pin_process(all_cores)  # a colocated trainer is placed on every core, not on engine 0's
-    ccfg, cplace = _placed(cfg, kind, "mindspeed-sync")
-    cact = ccfg.actor_config
+    ccfg, cplace, cstart = _placed(cfg, kind, "mindspeed-sync")
     co_extra: list[Any] = []
     co_alone, co_shared = [], []
     kv_gib = cfg.generate_config.kv_cache_gib
@@ -367,7 +365,7 @@ def _measure_colocated(
             co_alone.append(probe.decode())
             with probe.busy(co_extra, 100 * r + 70):
                 co_shared.append(probe.decode())
-        group = TrainerGroup(ccfg)  # trains while the colocated instances sit idle, as in the run
+        group = TrainerGroup(ccfg, start=cstart)  # trains while the colocated instances idle, as in the run
         try:
             timed_steps(group, batch, 1)
             c_steps = timed_steps(group, batch, max(3, repeats + 1))
@@ -377,7 +375,7 @@ def _measure_colocated(
     finally:
         for e in co_extra:
             e.shutdown()
-    return co_alone, co_shared, c_steps, c_short, trainer_world(ccfg), max(1, cact.num_threads)
+    return co_alone, co_shared, c_steps, c_short, trainer_world(ccfg), max(1, cstart.threads)
 
 
 def _trainer_fit(long_s: list[float], short_s: list[float], tokens: int, short_tokens: int, world: int,
@@ -441,7 +439,7 @@ def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> En
     try:
 
         # an instance of a placement that shares cores runs at a lower priority: so does this one
-        _, placement = _placed(cfg, kind, async_mode(cfg)) if trainer else (None, None)
+        placement = _placed(cfg, kind, async_mode(cfg))[1] if trainer else None
         nice = placement.rollout_nice if placement is not None else 0
 
         async def build() -> VLLMEngine:

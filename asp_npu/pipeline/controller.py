@@ -32,6 +32,7 @@ from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.window import GroupSupply, WindowPlanner, window_stream
 from asp_npu.errors import UserError
 from asp_npu.pipeline import resume
+from asp_npu.pipeline.derived import RunDerived
 from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
@@ -51,14 +52,17 @@ class Controller:
     """Owns the parts of one run; `run()` trains `trainer.train_iters` iterations and returns the summary."""
 
     def __init__(self, cfg: Config, run: rd.RunDir, prompts: list[PromptItem], kind: str = "cpu",
-                 console: bool = True, label: str = "") -> None:
+                 console: bool = True, label: str = "", derived: RunDerived | None = None) -> None:
+        """`cfg` as loaded (only read); `derived`: the policy and resume point start-up derived (None:
+        those `cfg` names), completed by the fleet's placement (`self.derived`)."""
         rl = cfg.rl_config
         self.cfg, self.run_dir, self.prompts = cfg, run, prompts
         self.mode = mode_spec(rl.mode, cfg.generate_config.admission)
-        self.fleet = Fleet(cfg, kind, self.mode)
+        self.fleet = Fleet(cfg, kind, self.mode, derived)
+        self.derived = self.fleet.derived
         self.validator = Validator(cfg, self.fleet, lambda r: self.recorder.metrics.log(self.step, r, False))
         self.shape = sh = self.fleet.shape
-        self.recorder = Recorder(cfg, run, sh, label, console)
+        self.recorder = Recorder(cfg, run, sh, label, console, self.derived)
         feed = make_feed(self.mode.dispatch, sh.instances, sh.version_groups)
         self.policy = DispatchPolicy(feed, self.mode, sh.instances, sh.slots)
         self.predictor = make_predictor(rl.predictor)
@@ -92,8 +96,8 @@ class Controller:
         self.supervisor.attach(self.weights)
         if any(p.prompt_token_ids is None for p in self.prompts):
             self._tok()  # loading the tokenizer (importing transformers) takes seconds: not on the clock
-        if self.cfg.actor_config.load:  # trainer, queue, ledger, data position, predictor
-            resume.restore(self, self.cfg.actor_config.load)
+        if self.derived.resume_from:  # trainer, queue, ledger, data position, predictor
+            resume.restore(self, self.derived.resume_from)
             self._publish()
             refresh_all_and_wait(self.weights, self.recorder.refreshed)
 
@@ -114,7 +118,7 @@ class Controller:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.derived.policy_path)
         return self._tokenizer
 
     def prompt_len(self, item: PromptItem) -> int:

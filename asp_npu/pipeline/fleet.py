@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from asp_npu.config import Config, with_changes
+from asp_npu.config import Config
 from asp_npu.core.modes import Mode
 from asp_npu.core.records import Arrival, Minibatch, Unit
 from asp_npu.core.shape import RunShape
@@ -21,6 +21,7 @@ from asp_npu.core.staleness import token_lag_bound
 from asp_npu.data.shaping import dapo_shaping
 from asp_npu.device import spec
 from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_log
+from asp_npu.pipeline.derived import RunDerived
 from asp_npu.pipeline.placement import ClusterPlacement
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
 from asp_npu.types import PromptItem
@@ -33,11 +34,13 @@ PAUSE_S = 600.0 + CALL_S  # a pause drains running sequences (`vllm_engine.DRAIN
 
 
 class Fleet:
-    def __init__(self, cfg: Config, kind: str, mode: Mode) -> None:
-        """Place the run (may set actor_config.cpu_cores / num_threads for the trainer ranks)."""
+    def __init__(self, cfg: Config, kind: str, mode: Mode, derived: RunDerived | None = None) -> None:
+        """Place the run: `self.derived` is `derived` (default: nothing derived yet) with the trainer
+        ranks' cores and threads the placement gives; `cfg` is only read."""
         from asp_npu.device import available_devices
 
         self.cfg, self.kind, self.mode = cfg, kind, mode
+        self.derived = derived or RunDerived.at_start(cfg)
         per_node = cfg.trainer.n_devices_per_node or available_devices(kind)  # type: ignore[arg-type]
         self.shape = RunShape.from_config(cfg, per_node * max(1, cfg.trainer.nnodes), mode)
         self.placement = self._place(per_node)
@@ -60,8 +63,8 @@ class Fleet:
     def _place(self, per_node: int) -> Any:
         """An asynchronous mode whose instances and trainer fit in the cores gets disjoint, pinned cores
         (the CPU form of a disaggregated cluster); otherwise the cores are shared. The trainer ranks get
-        the placement's cores unless actor_config.cpu_cores / num_threads say otherwise. None on
-        accelerators."""
+        the placement's cores unless actor_config.cpu_cores / num_threads say otherwise (recorded in
+        `self.derived`). None on accelerators."""
         from asp_npu.device import node_placement
 
         act, sh = self.cfg.actor_config, self.shape
@@ -69,14 +72,14 @@ class Fleet:
                                    self.mode.colocated)
         if placement is None:
             return None
-        derived: dict[str, Any] = {}  # the fleet's config carries them to the trainer ranks
+        cores, threads = self.derived.trainer_cores, self.derived.trainer_threads
         if not act.cpu_cores and placement.disjoint:
-            derived["actor_config.cpu_cores"] = ",".join(str(c) for c in placement.trainer_cores)
+            cores = tuple(placement.trainer_cores)
         if not act.num_threads:  # a shared asynchronous trainer gets the cores the instances leave
             busy = 0 if placement.disjoint or self.mode.colocated else sh.instances * sh.infer_tp
             free = len(placement.trainer_cores) - busy
-            derived["actor_config.num_threads"] = max(1, free // sh.trainer_world)
-        self.cfg = with_changes(self.cfg, derived)
+            threads = max(1, free // sh.trainer_world)
+        self.derived = self.derived.placed(cores, threads)
         return placement
 
     def _layout_devices(self, per_node: int) -> int:
@@ -94,7 +97,7 @@ class Fleet:
         if p is None:
             return None
         return {"disjoint": p.disjoint, "instance_cores": [list(c) for c in p.instance_cores],
-                "trainer_cores": self.cfg.actor_config.pinned_cores() or list(p.trainer_cores)}
+                "trainer_cores": list(self.derived.trainer_cores) or list(p.trainer_cores)}
 
     def start(self, warmup: PromptItem) -> None:
         """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
@@ -124,7 +127,8 @@ class Fleet:
                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
                                           placement=self.placement, options_for=self._instance_options)
-        self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options)
+        start = self.derived.rank_start()
+        self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options, start=start)
         if self.cfg.rl_config.adv_estimator == "gae":
             self._start_critic()
         self._warm_up(warmup)
@@ -139,7 +143,8 @@ class Fleet:
         if not spec(self.kind).shared_cores:  # type: ignore[arg-type]
             raise UserError(f"rl_config.adv_estimator: gae runs its critic colocated with the trainer on "
                             f"CPU only; not on '{self.kind}' yet")
-        self.critic = TrainerGroup(self.cfg, cpus_per_rank=0, placement=self._critic_options, role="critic")
+        self.critic = TrainerGroup(self.cfg, cpus_per_rank=0, placement=self._critic_options, role="critic",
+                                   start=self.derived.rank_start())
         self.ppo = PPOStep(self.cfg, self.trainer, self.critic)
 
     def _critic_options(self, rank: int, options: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +176,7 @@ class Fleet:
         sc = gen.sampling_config
         max_len = gen.max_model_len or (cfg.rl_config.max_prompt_length + sc.max_tokens)
         settings = EngineSettings(
-            model_path=cfg.model.path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
+            model_path=self.derived.policy_path, dtype=cfg.model.dtype, max_num_seqs=gen.max_num_seqs,
             max_num_batched_tokens=gen.max_num_batched_tokens, max_model_len=max_len,
             enforce_eager=gen.enforce_eager, gpu_memory_utilization=gen.gpu_memory_utilization,
             seed=cfg.data.seed, enable_prefix_caching=self.drain, reward=reward_spec(cfg.reward),

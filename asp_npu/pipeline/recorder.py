@@ -21,8 +21,9 @@ from asp_npu.core import run_dir as rd
 from asp_npu.core.records import GroupKey, Minibatch
 from asp_npu.core.shape import RunShape
 from asp_npu.core.staleness import token_lag_bound
-from asp_npu.io import close_synced
+from asp_npu.io import atomic_write, close_synced
 from asp_npu.observe import metrics as M
+from asp_npu.pipeline.derived import RunDerived
 from asp_npu.pipeline.real_events import InstanceRecord, TrainerRecord, build_event_log
 from asp_npu.types import Trajectory
 from asp_npu.weights.refresh import Refreshed
@@ -45,8 +46,12 @@ def baseline_metrics(trajs: list[Trajectory]) -> dict[str, Any]:
 
 
 class Recorder:
-    def __init__(self, cfg: Config, run: rd.RunDir, shape: RunShape, label: str, console: bool) -> None:
+    def __init__(self, cfg: Config, run: rd.RunDir, shape: RunShape, label: str, console: bool,
+                 derived: RunDerived) -> None:
+        """`derived`: what this start of the run derived, written beside its config (`derived.yaml`)."""
         self.cfg, self.run_dir, self.shape, self.label, self.console = cfg, run, shape, label, console
+        self.policy_path = derived.policy_path
+        atomic_write(run / rd.DERIVED, derived.to_yaml())
         self.weights: Any = None  # the run's WeightSync: which path the weights travel (start line, summary)
         self.instances = [InstanceRecord() for _ in range(shape.instances)]
         self.trainer = TrainerRecord()
@@ -255,7 +260,7 @@ class Recorder:
             raw = yaml.safe_load((self.run_dir / rd.CONFIG).read_text(encoding="utf-8")) or {}
             out = eff.against_limit(raw, self.samples_rows, updates, decode, totals["iteration_time_mean_s"],
                                     totals["iterations"])
-            flops = eff.trained_flops(self.cfg.model.path, self.samples_rows,
+            flops = eff.trained_flops(self.policy_path, self.samples_rows,
                                       max(1, self.cfg.actor_config.ppo_epochs))
         except (UserError, KeyError, ValueError) as exc:
             return {"x_limit": None, "mfu": None, "why": str(exc)}

@@ -3,7 +3,8 @@
 The caller has already loaded the config and checked it against this machine (`preflight`), so a
 bad value costs one line and no half-made run directory. Then: build the model if configured and
 missing, warm-start it (SFT) if configured, start the actors, train, write the run directory and
-draw the report.
+draw the report. The config stays as loaded; what the run derives (the policy it starts from, the
+checkpoint a restart resumes from) is a `RunDerived` record (`derived.py`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu import interrupt
-from asp_npu.config import Config, to_dict, with_changes
+from asp_npu.config import Config, to_dict
 from asp_npu.core import run_dir as rd
 from asp_npu.errors import UserError
+from asp_npu.pipeline.derived import CONVERTED, WARM_STARTED, RunDerived
 
 
 def config_yaml(cfg: Config) -> str:
@@ -38,35 +40,36 @@ def prepare_model(cfg: Config) -> None:
     print(f"built model {path} ({cfg.model.size}) in {time.time() - t0:.1f}s", file=sys.stderr)
 
 
-def warm_start(cfg: Config, run: rd.RunDir) -> Config:
+def warm_start(cfg: Config, run: rd.RunDir, derived: RunDerived) -> RunDerived:
     """Supervised warm start (`model.warm_start_steps` > 0): RL then starts from non-zero reward.
 
-    The warm-started policy is written next to the run (`<run_dir>/warm_start`) and used as
-    `model.path` from here on (the config returned), so instances and trainer start from the same weights.
+    The warm-started policy is written next to the run (`<run_dir>/warm_start`) and is the policy from
+    here on (the record returned), so instances and trainer start from the same weights.
     """
-    if cfg.model.warm_start_steps <= 0 or cfg.actor_config.load:
-        return cfg  # a resumed run takes its weights from the checkpoint
+    if cfg.model.warm_start_steps <= 0 or derived.resume_from:
+        return derived  # a resumed run takes its weights from the checkpoint
     from asp_npu.trainer import sft
 
     out = run.path / rd.WARM_START
     t0 = time.time()
-    result = sft.warm_start(cfg, out_dir=str(out), steps=cfg.model.warm_start_steps)
+    result = sft.warm_start(cfg, out_dir=str(out), steps=cfg.model.warm_start_steps,
+                            start=derived.rank_start())
     last = result["evals"][-1] if result.get("evals") else {}
     print(f"warm start: {cfg.model.warm_start_steps} SFT steps in {time.time() - t0:.1f}s -> {out} "
           f"(greedy reward {last.get('reward', float('nan')):.3f})", file=sys.stderr)
-    return with_changes(cfg, {"model.path": str(out)})
+    return derived.with_policy(str(out), WARM_STARTED)
 
 
-def initial_policy(cfg: Config, run: rd.RunDir) -> Config:
+def initial_policy(run: rd.RunDir, derived: RunDerived) -> RunDerived:
     """`model.load_megatron`: the Megatron weights become an HF folder in the run directory that
-    instances and trainer both start from (`model.path` from here on); a resumed run skips it."""
-    if not cfg.model.load_megatron or cfg.actor_config.load:
-        return cfg
+    instances and trainer both start from (the policy from here on); a resumed run skips it."""
+    if not derived.megatron or derived.resume_from:
+        return derived
     from asp_npu.trainer.hf_export import megatron_to_hf_folder
 
-    out = megatron_to_hf_folder(cfg.model.load_megatron, cfg.model.path, run.path / "initial_policy")
-    print(f"initial policy: {cfg.model.load_megatron} -> {out}", file=sys.stderr)
-    return with_changes(cfg, {"model.path": str(out), "model.load_megatron": ""})
+    out = megatron_to_hf_folder(derived.megatron, derived.policy_path, run.path / "initial_policy")
+    print(f"initial policy: {derived.megatron} -> {out}", file=sys.stderr)
+    return derived.with_policy(str(out), CONVERTED)
 
 
 def check_run_dir(cfg: Config, overwrite: bool = False) -> None:
@@ -156,16 +159,16 @@ def _end_failed(run: rd.RunDir) -> None:
 def run_controller(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool,
                    label: str) -> dict[str, Any]:
     """Warm start (if configured), then the controller from start to its summary (restarted from the
-    last checkpoint when a trainer rank fails, `trainer.max_restarts` times)."""
-    cfg = initial_policy(cfg, run)
-    cfg = warm_start(cfg, run)
+    last checkpoint when a trainer rank fails, `trainer.max_restarts` times). `cfg` is only read:
+    each start gets it as loaded plus what the run derived."""
+    derived = warm_start(cfg, run, initial_policy(run, RunDerived.at_start(cfg)))
     restarts: list[dict[str, Any]] = []  # each attempt's run_log starts with the restarts before it
     while True:
-        summary = _attempt(cfg, run, prompts, kind, console, label, restarts)
+        summary = _attempt(cfg, derived, run, prompts, kind, console, label, restarts)
         if summary is not None:
             break
-        cfg = _restart_config(cfg, run)
-        run.continue_from(checkpoint_step(cfg.actor_config.load))  # the rows after it are trained again
+        derived = restart_point(cfg, derived, run)
+        run.continue_from(checkpoint_step(derived.resume_from))  # the rows after it are trained again
     return summary
 
 
@@ -176,13 +179,13 @@ def checkpoint_step(load: str) -> int:
     return int(read_meta(load)["step"]) if load else 0
 
 
-def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console: bool, label: str,
-             restarts: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _attempt(cfg: Config, derived: RunDerived, run: rd.RunDir, prompts: list[Any], kind: str, console: bool,
+             label: str, restarts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One start of the pipeline; None: a trainer rank failed and the run restarts from its checkpoint."""
     from asp_npu.pipeline import resume
     from asp_npu.pipeline.controller import Controller
 
-    ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label)
+    ctl = Controller(cfg, run, prompts, kind=kind, console=console, label=label, derived=derived)
     if restarts:  # the earlier restarts are in the run log this attempt continues
         ctl.recorder.event(**restarts[-1])
     t0 = time.time()
@@ -214,12 +217,11 @@ def _attempt(cfg: Config, run: rd.RunDir, prompts: list[Any], kind: str, console
     return None
 
 
-def _restart_config(cfg: Config, run: rd.RunDir) -> Config:
-    """The config of a restart: resume from the last complete checkpoint (when none was written yet, from
-    where this run started: its own `actor_config.load`, or the beginning)."""
+def restart_point(cfg: Config, derived: RunDerived, run: rd.RunDir) -> RunDerived:
+    """What a restart starts from: the last complete checkpoint (when none was written yet, where this
+    run started: its own `actor_config.load`, or the beginning); the policy stays the one derived (the
+    warm start is not repeated)."""
     from asp_npu.pipeline import resume
 
     root = Path(cfg.actor_config.save or run.checkpoints)
-    load = str(root) if resume.last_checkpoint(root) else cfg.actor_config.load
-    # model.path already names the warm-started policy
-    return with_changes(cfg, {"actor_config.load": load, "model.warm_start_steps": 0})
+    return derived.restarted(str(root) if resume.last_checkpoint(root) else derived.resume_from)

@@ -25,6 +25,7 @@ import torch
 from asp_npu.config import Config, critic_view
 from asp_npu.trainer.batching import Sample, agg_norm
 from asp_npu.trainer.losses import AggNorm, row_weights
+from asp_npu.trainer.start import RankStart
 from asp_npu.trainer.worker import TrainerWorker
 from asp_npu.types import TrainBatch
 
@@ -87,8 +88,8 @@ class CriticWorker(TrainerWorker):
     """One rank of the value model: `TrainerWorker` over `critic_view(cfg)` with a `ValueHead`."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str = "127.0.0.1",
-                 master_port: int = 29500, local_rank: int = 0) -> None:
-        super().__init__(critic_view(cfg), rank, world_size, master_addr, master_port, local_rank)
+                 master_port: int = 29500, local_rank: int = 0, start: RankStart | None = None) -> None:
+        super().__init__(critic_view(cfg), rank, world_size, master_addr, master_port, local_rank, start)
 
     def _adapt(self, model: Any) -> Any:
         return value_head_model(model)

@@ -17,6 +17,7 @@ from asp_npu.core.layout import actor_layout
 from asp_npu.remote import CALL_S, get, kill_quietly
 from asp_npu.trainer.features import check_features
 from asp_npu.trainer.parallel import rendezvous_file
+from asp_npu.trainer.start import RankStart
 from asp_npu.types import TrainBatch
 from asp_npu.weights.hf import HFWeights
 
@@ -37,16 +38,16 @@ class TrainerRank:
         rendezvous_file(ip, port, fresh=True)  # a loopback group meets in a file (parallel.init_parallel)
         return ip, port
 
-    def init(self, cfg: Config, rank: int, world_size: int, addr: str, port: int, local_rank: int,
-             role: str = "policy") -> None:
+    def init(self, cfg: Config, start: RankStart, rank: int, world_size: int, addr: str, port: int,
+             local_rank: int, role: str = "policy") -> None:
         if role == "critic":
             from asp_npu.trainer.critic import CriticWorker
 
-            self.worker = CriticWorker(cfg, rank, world_size, addr, port, local_rank)
+            self.worker = CriticWorker(cfg, rank, world_size, addr, port, local_rank, start)
             return
         from asp_npu.trainer.worker import TrainerWorker
 
-        self.worker = TrainerWorker(cfg, rank, world_size, addr, port, local_rank)
+        self.worker = TrainerWorker(cfg, rank, world_size, addr, port, local_rank, start)
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
@@ -56,10 +57,12 @@ class TrainerGroup:
     """`world_size` trainer ranks as Ray actors; `train_step`, `get_hf_weights`, `save`, `load`."""
 
     def __init__(self, cfg: Config, world_size: int | None = None,
-                 cpus_per_rank: float | None = None, placement: Any = None, role: str = "policy") -> None:
+                 cpus_per_rank: float | None = None, placement: Any = None, role: str = "policy",
+                 start: RankStart | None = None) -> None:
         """`cpus_per_rank` overrides the Ray CPU reservation (e.g. 0 when rollout engines hold the cores);
         `placement(rank, options)` gives rank's actor options (its placement-group bundle, its log file);
-        `role` "critic": PPO's value model (`trainer.critic`) in the layout of `critic_config`."""
+        `role` "critic": PPO's value model (`trainer.critic`) in the layout of `critic_config`; `start`:
+        the policy and cores start-up derived for the ranks (None: what `cfg` alone says)."""
         import ray
 
         from asp_npu import device
@@ -69,10 +72,11 @@ class TrainerGroup:
 
             cfg = critic_view(cfg)
 
+        start = start or RankStart.of(cfg)
         act = cfg.actor_config
         tp, pp, dp = act.tensor_model_parallel_size, act.pipeline_model_parallel_size, act.data_parallel_size
         self.world_size = world_size or tp * pp * act.context_parallel_size * dp
-        dims = ModelDims.from_hf_dir(cfg.model.path)
+        dims = ModelDims.from_hf_dir(start.policy_path)
         self.layout = actor_layout(dims, act, self.world_size)  # before any actor exists
         check_features(dims, act)
         kind = device.detect(cfg.trainer.device)
@@ -89,8 +93,8 @@ class TrainerGroup:
         self.timeout_s = cfg.trainer.stall_timeout_s  # a step, save or start-up slower than this: a hang
         addr, port = get(self.actors[0].rendezvous.remote(), CALL_S, self.names[0], "rendezvous")
         self._rendezvous = rendezvous_file(addr, port)  # removed at shutdown (single machine)
-        get([a.init.remote(cfg, r, self.world_size, addr, port, 0, role) for r, a in enumerate(self.actors)],
-            self.timeout_s, self.names, "start-up")
+        get([a.init.remote(cfg, start, r, self.world_size, addr, port, 0, role)
+             for r, a in enumerate(self.actors)], self.timeout_s, self.names, "start-up")
         self.version = 0
 
     def _all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:

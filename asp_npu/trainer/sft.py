@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asp_npu.config import Config
+from asp_npu.trainer.start import RankStart
 from asp_npu.types import PromptItem, TrainBatch, Trajectory
 
 
@@ -122,9 +123,11 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 
 def warm_start(
-    cfg: Config, out_dir: str | None = None, steps: int | None = None, log: Any = None
+    cfg: Config, out_dir: str | None = None, steps: int | None = None, log: Any = None,
+    start: RankStart | None = None,
 ) -> dict[str, Any]:
-    """SFT for `steps` (default sft.steps) and write the HF folder `out_dir` (default sft.out).
+    """SFT for `steps` (default sft.steps) and write the HF folder `out_dir` (default sft.out), starting
+    from `start`'s policy (None: `model.path`, or `model.load_megatron`'s weights).
 
     Returns {"steps", "seconds", "final_loss", "losses", "evals": [{"step", "exact_match", "reward", ...}],
     "out"}; "seconds" is the training time (evaluations excluded).
@@ -139,7 +142,8 @@ def warm_start(
     steps = s.steps if steps is None else steps
     out = Path(out_dir or s.out)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    src = cfg.model.path
+    start = start or RankStart.of(cfg)
+    src = start.policy_path
     tok = AutoTokenizer.from_pretrained(src)
     pairs = training_examples(cfg, tok)
     eval_set = config_prompts(cfg.data)[: s.eval_prompts]
@@ -147,11 +151,11 @@ def warm_start(
     evals = [{"step": 0, **evaluate(src, eval_set, max_new)}]
     log(f"sft: step 0 exact_match={evals[0]['exact_match']:.3f} reward={evals[0]['reward']:.3f}")
     t0 = time.time()
-    group = TrainerGroup(cfg)
+    group = TrainerGroup(cfg, start=start)
     out.parent.mkdir(parents=True, exist_ok=True)
     eval_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".eval", dir=out.parent))
     try:  # the model evaluated mid-run gets a unique name, removed at the end
-        metrics, losses = _train(cfg, group, pairs, steps, eval_dir / "model", eval_set, evals, log)
+        metrics, losses = _train(cfg, group, src, pairs, steps, eval_dir / "model", eval_set, evals, log)
         save_hf_folder(group.get_hf_weights(), src, out, cfg.model.dtype)
     finally:
         group.shutdown()
@@ -172,13 +176,14 @@ def warm_start(
     }
 
 
-def _train(cfg: Config, group: Any, pairs: list[Any], steps: int, tmp_eval: Path, eval_set: list[Any],
-           evals: list[dict[str, Any]], log: Any) -> tuple[dict[str, float], list[float]]:
+def _train(cfg: Config, group: Any, src: str, pairs: list[Any], steps: int, tmp_eval: Path,
+           eval_set: list[Any], evals: list[dict[str, Any]], log: Any
+           ) -> tuple[dict[str, float], list[float]]:
     """The SFT steps over shuffled passes of `pairs`, evaluated every `sft.eval_every` steps (appended
     to `evals`); returns the last step's metrics and every step's loss."""
     from asp_npu.trainer.hf_export import save_hf_folder
 
-    s, src = cfg.sft, cfg.model.path
+    s = cfg.sft
     max_new = cfg.generate_config.sampling_config.max_tokens
     rng = random.Random(s.seed)
     t0 = time.time()

@@ -46,6 +46,7 @@ from asp_npu.trainer.losses import (
     token_kl,
     vocab_parallel_entropy,
 )
+from asp_npu.trainer.start import RankStart
 from asp_npu.types import TrainBatch
 
 
@@ -67,7 +68,8 @@ class TrainerWorker:
     """One rank of the megatron-core trainer (run directly in a process, or inside a Ray actor)."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str = "127.0.0.1",
-                 master_port: int = 29500, local_rank: int = 0, model_path: str | None = None) -> None:
+                 master_port: int = 29500, local_rank: int = 0, start: RankStart | None = None) -> None:
+        """`start`: the policy and cores start-up derived (None: what `cfg` alone says)."""
         from asp_npu import device
         from asp_npu.trainer import cpu_compat
         from asp_npu.trainer.parallel import init_parallel
@@ -75,16 +77,17 @@ class TrainerWorker:
         act = cfg.actor_config
         self.cfg = cfg
         self.rank = rank
-        self.model_path = model_path or cfg.model.path
+        self.rank_start = start or RankStart.of(cfg)
+        self.model_path = self.rank_start.policy_path
         self.dims = ModelDims.from_hf_dir(self.model_path)
         self.layout = actor_layout(self.dims, act, world_size)
         check_features(self.dims, act)
         self.kind = device.detect(cfg.trainer.device)
-        cores = device.rank_cores(act.pinned_cores(), rank, world_size) \
-            if act.cpu_cores and device.spec(self.kind).shared_cores else []
+        cores = device.rank_cores(list(self.rank_start.cores), rank, world_size) \
+            if self.rank_start.cores and device.spec(self.kind).shared_cores else []
         if cores:
             device.pin_process(cores)
-        threads = act.num_threads or len(cores) or max(1, (os.cpu_count() or 1) // world_size)
+        threads = self.rank_start.threads or len(cores) or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
         device.prepare_megatron(self.kind)
         cpu_compat.prepare(self.kind)
@@ -115,7 +118,7 @@ class TrainerWorker:
         from asp_npu.trainer.offload import Offloader
 
         act = self.cfg.actor_config
-        hf = initial_weights(self.model_path, self.dims, self.cfg.model.load_megatron)
+        hf = initial_weights(self.model_path, self.dims, self.rank_start.megatron)
         dtype = self.cfg.model.dtype
         overrides = {**overrides, **megatron_features(act)}
         cp_gather = device.spec(self.kind).cp_gather_attention

@@ -29,6 +29,7 @@ from asp_npu.pipeline.recorder import RUN_LOG
 from tests.pipeline.test_e2e import OVERRIDES
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 
 ITERS, WINDOW, STEPS_PER_WINDOW = 4, 6, 3  # 6 prompts x 4 samples per window, minibatches of 8 samples
 ARGS = [*OVERRIDES, "generate_config.num_instances=1", f"trainer.train_iters={ITERS}",
@@ -46,7 +47,9 @@ def _start(model: Path, run: Path, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml", *ARGS,
            f"model.path={model}", f"trainer.run_dir={run}", *extra]
     log = open(run.parent / f"{run.name}.{len(list(run.parent.glob(run.name + '.*.log')))}.log", "w")  # noqa: SIM115
-    env = {**os.environ, "RAY_ADDRESS": "local"}  # a new local Ray, never a cluster `ray start` left running
+    # a new local Ray, never a cluster `ray start` left running; its workers import this checkout's code
+    env = {**os.environ, "RAY_ADDRESS": "local",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

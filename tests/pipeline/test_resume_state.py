@@ -122,13 +122,15 @@ def test_only_a_trainer_ranks_failure_restarts_the_run():
 def test_a_restart_resumes_from_the_last_checkpoint_or_where_the_run_started(tmp_path):
     from asp_npu.config import load_config
     from asp_npu.core import run_dir as rd
-    from asp_npu.pipeline.train import _restart_config
+    from asp_npu.pipeline.derived import RunDerived
+    from asp_npu.pipeline.train import restart_point
 
     run = rd.RunDir(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
     cfg = load_config(None, ["actor_config.load=/elsewhere", "model.warm_start_steps=5"])
-    again = _restart_config(cfg, run)
-    assert again.actor_config.load == "/elsewhere" and again.model.warm_start_steps == 0
+    started = RunDerived.at_start(cfg).with_policy("/run/warm_start", "warm_start")
+    again = restart_point(cfg, started, run)
+    assert again.resume_from == "/elsewhere" and again.policy_path == "/run/warm_start"
     commit_checkpoint(run.checkpoints, _iteration(run.checkpoints, 2))
-    assert _restart_config(cfg, run).actor_config.load == str(run.checkpoints)
+    assert restart_point(cfg, again, run).resume_from == str(run.checkpoints)
     assert cfg.actor_config.load == "/elsewhere"  # the caller's config is not changed
