@@ -74,6 +74,16 @@ def _memory(lay: Any) -> tuple[str, str, str]:
     return tr, ro, host
 
 
+def _verdict(problems: list[str]) -> str:
+    """OK, or what fails. The initial Megatron weights' folder (`model.load_megatron`, the file's
+    `actor_config.load`) names a folder on the cluster: a relative one that exists here (`./`) is read
+    here and is not a checkpoint, so it is shown apart from the layout's verdict."""
+    folder = [p for p in problems if p.startswith("model.load_megatron:")]
+    rest = [p for p in problems if p not in folder]
+    verdict = "OK" if not rest else "FAIL: " + "; ".join(rest)
+    return verdict + "".join(f" (on this machine: {p}; a folder on the cluster)" for p in folder)
+
+
 def row(src: Path, mode: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours.yaml"
@@ -83,7 +93,7 @@ def row(src: Path, mode: str) -> str:
         cfg = load_config(str(out), check=False)
         t = cfg.trainer
         lay = check(cfg, t.nnodes, t.n_devices_per_node, t.card)
-        verdict = "OK" if not lay.problems else "FAIL: " + "; ".join(lay.problems)
+        verdict = _verdict(lay.problems)
         chosen = _CHOSEN.search(printed)
         tr, ro, host = _memory(lay)
         cluster = f"{lay.nodes}x{lay.npus_per_node} {t.card or '910b'}"

@@ -3,8 +3,9 @@
 Usage: .venv/bin/python benchmarks/trainer_parity.py [--json] [--optimizer | --packing]
 
 `--optimizer` measures only the optimizer figures (docs/bench/optim.md): host-resident optimizer state
-(`actor_config.optimizer_cpu_offload`, fraction 1.0 / 0.5, megatron's HybridDeviceOptimizer) vs the
-plain distributed optimizer at DP=1 and DP=2 (losses, gradients, device/host optimizer bytes per rank),
+(`actor_config.optimizer_cpu_offload`, fraction 1.0 / 0.5 / 0.25, megatron's HybridDeviceOptimizer) vs
+the plain distributed optimizer at DP=1 and DP=2 (losses, gradients, device/host optimizer bytes per
+rank next to what `check` predicts; bf16 weights at DP=1 for the bytes only),
 and the lr schedule (per-step lr vs megatron's OptimizerParamScheduler, resume mid-schedule).
 
 On the tests' tiny random Qwen2 model (2 layers, hidden 64, vocabulary 203), three GRPO steps each:
@@ -69,16 +70,43 @@ PAIRS = [("TP1 DP2 distopt", "TP1 DP1 distopt"), ("TP2 DP1 SP", "TP1 DP1"), ("CP
          ("recompute selective", "TP1 DP1")]
 
 
-def _offload(fraction: float, dp: int = 1) -> dict:
+def _offload(fraction: float, dp: int = 1, dtype: str = "float32") -> dict:
     return {"data_parallel_size": dp, "use_distributed_optimizer": True, "optimizer_cpu_offload": True,
-            "optimizer_offload_fraction": fraction}
+            "optimizer_offload_fraction": fraction, **({"dtype": dtype} if dtype != "float32" else {})}
 
 
 OFFLOAD_ONE = {"TP1 DP1 distopt": {"use_distributed_optimizer": True},
-               "TP1 DP1 offload 1.0": _offload(1.0), "TP1 DP1 offload 0.5": _offload(0.5)}
+               "TP1 DP1 offload 1.0": _offload(1.0), "TP1 DP1 offload 0.5": _offload(0.5),
+               "TP1 DP1 offload 0.25": _offload(0.25),
+               "TP1 DP1 bf16 distopt": {"use_distributed_optimizer": True, "dtype": "bfloat16"},
+               "TP1 DP1 bf16 offload 1.0": _offload(1.0, 1, "bfloat16"),
+               "TP1 DP1 bf16 offload 0.5": _offload(0.5, 1, "bfloat16")}
 OFFLOAD_TWO = {"TP1 DP2 distopt": {"data_parallel_size": 2, "use_distributed_optimizer": True},
-               "TP1 DP2 offload 1.0": _offload(1.0, 2), "TP1 DP2 offload 0.5": _offload(0.5, 2)}
-OFFLOAD_PAIRS = [(f"TP1 DP{d} offload {f}", f"TP1 DP{d} distopt") for d in (1, 2) for f in ("1.0", "0.5")]
+               "TP1 DP2 offload 1.0": _offload(1.0, 2), "TP1 DP2 offload 0.5": _offload(0.5, 2),
+               "TP1 DP2 offload 0.25": _offload(0.25, 2)}
+OFFLOAD_PAIRS = [(f"TP1 DP{d} offload {f}", f"TP1 DP{d} distopt")
+                 for d in (1, 2) for f in ("1.0", "0.5", "0.25")]
+
+
+def predicted_optimizer_bytes(model: str, fields: dict) -> dict[str, list[dict[str, int]]]:
+    """What `check` predicts per DP rank for a setup (`asp_npu.deploy.memory.optimizer_splits`: megatron's
+    HybridDeviceOptimizer rule on the stage's tensors, step counters included), and the rule it used
+    before (a plain (1 - fraction) / fraction share of the rank's shard)."""
+    from asp_npu.arch import ModelDims
+    from asp_npu.deploy.hybrid import HOST_BYTES, MASTER_BYTES, MOMENT_BYTES
+    from asp_npu.deploy.memory import offload_fraction, optimizer_splits
+    from tests.trainer.helpers import trainer_config
+
+    cfg = trainer_config(Path(model))
+    for k, v in fields.items():
+        setattr(cfg.model if k == "dtype" else cfg.actor_config, k, v)
+    master = cfg.model.dtype != "float32"
+    off = offload_fraction(cfg)
+    splits = optimizer_splits(cfg, ModelDims.from_hf_dir(model), 0)[0]
+    per = MOMENT_BYTES + (MASTER_BYTES if master else 0)
+    earlier = [{"device": round((1 - off) * per * (s.device + s.host)),
+                "host": round(off * HOST_BYTES * (s.device + s.host))} for s in splits]
+    return {"now": [s.measured_like(master) for s in splits], "earlier": earlier}
 
 
 def _parity(runs: dict, pairs: list[tuple[str, str]]) -> list[dict]:
@@ -103,7 +131,9 @@ def optimizer_figures(model: str, tmp: str) -> dict:
     sched = run_ranks(1, jobs.schedule_and_resume, model, str(Path(tmp) / "ckpt_sched"), timeout=900)[0]
     memory = {**{k: [one[k]["optimizer_bytes"]] for k in OFFLOAD_ONE},
               **{k: [r[k]["optimizer_bytes"] for r in two] for k in OFFLOAD_TWO}}
+    predicted = {k: predicted_optimizer_bytes(model, v) for k, v in {**OFFLOAD_ONE, **OFFLOAD_TWO}.items()}
     return {"parity": _parity({**one, **two[0]}, OFFLOAD_PAIRS), "optimizer_bytes_per_rank": memory,
+            "predicted_optimizer_bytes_per_rank": predicted,
             "schedule": {"lr_per_step": sched["lrs"], "megatron_reference": sched["reference"],
                          "exact": sched["lrs"] == sched["reference"],
                          "resumed_lrs": sched["resumed_lrs"], "uninterrupted_lrs": sched["lrs"][4:6],
@@ -112,14 +142,25 @@ def optimizer_figures(model: str, tmp: str) -> dict:
                          "optimizer_steps_after_3_steps_of_2_epochs": sched["epoch_steps"]}}
 
 
+def _pct(predicted: int, measured: int) -> str:
+    return f"{(predicted - measured) / measured:+.1%}" if measured else ("0" if not predicted else "inf")
+
+
 def _print_optimizer(out: dict) -> None:
     print(f"{'setup':<24} {'vs':<16} {'max |dloss|':>12} {'max |dgrad|':>12} {'max |dlogp|':>12}")
     for p in out["parity"]:
         dl, dg, dp = p["max_loss_diff"], p["max_grad_diff"], p["max_logprob_diff"]
         print(f"{p['setup']:<24} {p['reference']:<16} {dl:>12.2e} {dg:>12.2e} {dp:>12.2e}")
-    print("\noptimizer bytes per rank (device / host):")
+    print("\noptimizer bytes per rank, measured vs `check` (megatron's rule; the earlier fraction rule):")
+    print("| setup | rank | device measured | device predicted | diff | host measured | host predicted "
+          "| diff | earlier rule device / host |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k, v in out["optimizer_bytes_per_rank"].items():
-        print(f"{k:<24} " + "  ".join(f"{b['device']}/{b['host']}" for b in v))
+        pred = out["predicted_optimizer_bytes_per_rank"][k]
+        for r, (m, p, e) in enumerate(zip(v, pred["now"], pred["earlier"], strict=True)):
+            print(f"| {k} | {r} | {m['device']:,} | {p['device']:,} | {_pct(p['device'], m['device'])} "
+                  f"| {m['host']:,} | {p['host']:,} | {_pct(p['host'], m['host'])} "
+                  f"| {e['device']:,} / {e['host']:,} |")
     s = out["schedule"]
     print(f"\nlr per step: {s['lr_per_step']}\nmegatron:    {s['megatron_reference']}\nexact: {s['exact']}")
     print(f"resume after step 4: lrs {s['resumed_lrs']} vs {s['uninterrupted_lrs']}, losses "

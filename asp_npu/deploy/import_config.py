@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from asp_npu.config import Config, range_problems, validate
+from asp_npu.config import Config, range_problems
 from asp_npu.deploy.layout import COLOCATED_MODES, Card, card_for, plan_layout
 from asp_npu.deploy.memory import instance_npus
 from asp_npu.errors import UserError
@@ -1046,7 +1046,9 @@ def _optimizer_defaults(ms: dict[str, Any], tr: Translation) -> None:
 def _passes(trial: Config, nodes: int, per_node: int, card: Card) -> bool:
     """What `asp-npu check` would say (the model folder lives on the cluster, not here)."""
     trial.model.build_if_missing = True
-    return not (validate(trial) or plan_layout(trial, nodes, per_node, card).problems)
+    from asp_npu.deploy.search import layout_problems
+
+    return not (layout_problems(trial) or plan_layout(trial, nodes, per_node, card).problems)
 
 
 def _choose_layout(base: Config, total: int, card_name: str, mode: str, tr: Translation) -> None:
@@ -1278,6 +1280,10 @@ def _layout(ms: dict[str, Any], tr: Translation, source: Path, card: str | None,
             + "; --mode mindspeed-sync fits (rollout and "
             "training take turns on every NPU, as MindSpeed-RL runs it)"
         )
+    if no_split is not None and tr.blocker:  # the search tried every split: its reason, not the file's shape
+        raise UserError(f"{source}: no split of its {num_npus} NPUs between rollout instances and the "
+                        f"trainer passes `asp-npu check` in mode {mode} (smallest footprint: {tr.blocker}); "
+                        "--mode mindspeed-sync does not pass either")
     if no_split is not None:
         raise no_split
 

@@ -12,10 +12,13 @@ its own layers (`num_layer_list` for uneven stages); the check reports the first
 largest middle stage.
 
 Optimizer state on the host (`actor_config.optimizer_cpu_offload`, megatron-core's HybridDeviceOptimizer;
-MindSpeed's `swap_optimizer` imports to it): the NPU keeps (1 - optimizer_offload_fraction) of the rank's
-optimizer shard; the host keeps, per offloaded parameter of the shard, the fp32 master copy and both Adam
-moments (12 bytes) plus a pinned fp32 gradient buffer the step reads (4 bytes): 16 bytes. The fp32 main
-gradients stay on the NPU (megatron's DDP buffer), so they are not subtracted.
+MindSpeed's `swap_optimizer` imports to it) follows megatron's own rule tensor by tensor
+(`asp_npu.deploy.hybrid`): whole tensors of the rank's shard, in the order the distributed optimizer
+hands them over, go to the host until `optimizer_offload_fraction` of its elements is reached (the last
+one overshoots). The host keeps 16 bytes per offloaded element (fp32 master, both Adam moments, a pinned
+fp32 gradient copy); the NPU keeps the moments of the rest and, for 16-bit models, the fp32 master
+shard of every element. The fp32 main gradients stay on the NPU (megatron's DDP buffer). The worst DP
+rank is reported.
 
 Activations follow Korthikanti et al. (2022) with flash attention (no s^2 score term, so selective
 recomputation -- megatron-core's default `recompute_modules` [core_attn] -- stores the same bytes as none
@@ -40,10 +43,11 @@ from dataclasses import dataclass, field
 
 from asp_npu.arch import ModelDims
 from asp_npu.config import Config, critic_view
+from asp_npu.deploy import hybrid
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 3.0  # CANN/HCCL workspaces and buffers (HCCL_BUFFSIZE per comm group), allocator slack
-HOST_BYTES_PER_OFFLOADED_PARAM = 16  # fp32 master + exp_avg + exp_avg_sq + pinned fp32 gradient
+HOST_BYTES_PER_OFFLOADED_PARAM = hybrid.HOST_BYTES  # fp32 master + exp_avg + exp_avg_sq + pinned fp32 grad
 TRAINER_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "reference", "runtime")
 ROLLOUT_PARTS = ("trainer_resident", "weights", "workspace", "kv_cache", "runtime")
 
@@ -247,9 +251,6 @@ def stage_memory(cfg: Config, arch: ModelDims, card: Card, stage: int) -> Memory
         act.context_parallel_size,
     )
     wb = bytes_per(cfg.model.dtype)
-    opt_b = 8 + (4 if wb == 2 else 0)
-    expert_dp = max(1, tp * cp * dp // (ep * expert_tp(cfg)))
-    opt_div, expert_opt_div = (dp * cp, expert_dp) if act.use_distributed_optimizer else (1, 1)
     off = offload_fraction(cfg)
     tokens = tokens_per_micro_batch(cfg)
     per_step = rl.mini_batch_size // max(1, dp)  # samples per DP rank per optimizer step
@@ -267,19 +268,19 @@ def stage_memory(cfg: Config, arch: ModelDims, card: Card, stage: int) -> Memory
                 "the base is frozen")
         sp = StageParams(adapters, 0.0, sp.layers, sp.moe_layers)
     trained = sp.dense + sp.experts
+    opt_gib, host_gib = optimizer_gib(cfg, arch, stage, sp, lora=bool(adapters))
     parts = {
         "weights": (params + adapters) * wb / GIB,
         "gradients": trained * 4 / GIB,
-        "optimizer": (1 - off) * (sp.dense * opt_b / opt_div + sp.experts * opt_b / expert_opt_div) / GIB,
+        "optimizer": opt_gib,
         "activations": acts / GIB,
         "logits": (8 * tokens * arch.vocab_size / tp / cp / GIB) if stage == pp - 1 else 0.0,
         "reference": (params * wb / GIB) if rl.kl_coef > 0 and not act.offload_train_param else 0.0,
         "runtime": RUNTIME_RESERVE_GIB,
     }
     name = "first" if stage == 0 else "last" if stage == pp - 1 else "largest middle"
-    shard = sp.dense / opt_div + sp.experts / expert_opt_div  # parameters this rank's optimizer updates
     est = MemoryEstimate(f"trainer stage {stage} ({name})" if pp > 1 else "trainer", parts, card.memory_gib,
-                         host_gib=off * shard * HOST_BYTES_PER_OFFLOADED_PARAM / GIB)
+                         host_gib=host_gib)
     est.notes.append(
         f"{sp.layers} layers ({sp.moe_layers} MoE), {params / 1e9:.2f}B params per rank"
         + (f" ({sp.experts / 1e9:.2f}B expert, EP{ep} x expert TP{expert_tp(cfg)})" if sp.experts else "")
@@ -299,17 +300,67 @@ def offload_fraction(cfg: Config) -> float:
     return min(1.0, max(0.0, act.optimizer_offload_fraction)) if act.optimizer_cpu_offload else 0.0
 
 
+def optimizer_divisors(cfg: Config) -> tuple[int, int]:
+    """Ranks the optimizer state is sharded over: (dense: DP x CP, routed experts: the expert
+    data-parallel group TP x CP x DP / (EP x expert-TP)); (1, 1) without the distributed optimizer."""
+    act = cfg.actor_config
+    if not act.use_distributed_optimizer:
+        return 1, 1
+    dp_cp = act.data_parallel_size * act.context_parallel_size
+    return dp_cp, max(1, act.tensor_model_parallel_size * dp_cp
+                      // (act.expert_model_parallel_size * expert_tp(cfg)))
+
+
+def optimizer_splits(cfg: Config, arch: ModelDims,
+                     stage: int) -> tuple[list[hybrid.Split], list[hybrid.Split]]:
+    """Every DP rank's device/host split of `stage`'s optimizer shard under HybridDeviceOptimizer's rule
+    (dense, routed experts; all on the device without offload), from the stage's tensors."""
+    act = cfg.actor_config
+    pp = act.pipeline_model_parallel_size
+    sizes = stage_sizes(cfg, arch)
+    start = sum(sizes[:stage])
+    dense, experts = hybrid.stage_tensors(
+        arch, range(start, start + sizes[stage]), act.tensor_model_parallel_size,
+        act.expert_model_parallel_size, expert_tp(cfg), stage == 0, stage == pp - 1, pp)
+    div, expert_div = optimizer_divisors(cfg)
+    off = offload_fraction(cfg)
+    return hybrid.rank_splits(dense, div, off), hybrid.rank_splits(experts, expert_div, off)
+
+
+def optimizer_gib(cfg: Config, arch: ModelDims, stage: int, sp: StageParams,
+                  lora: bool) -> tuple[float, float]:
+    """Optimizer GiB one rank of `stage` keeps on the NPU and on the host. Without offload megatron's
+    bytes per parameter of the rank's shard (`sp`: the trained parameters); with it the worst DP rank
+    under HybridDeviceOptimizer's tensor rule (LoRA: the fraction itself, adapters being small tensors)."""
+    master = bytes_per(cfg.model.dtype) == 2  # 16-bit weights: an fp32 master copy on the device
+    opt_b = hybrid.MOMENT_BYTES + (hybrid.MASTER_BYTES if master else 0)
+    div, expert_div = optimizer_divisors(cfg)
+    shard = sp.dense / div + sp.experts / expert_div
+    off = offload_fraction(cfg)
+    if not off:
+        return shard * opt_b / GIB, 0.0
+    if lora:
+        device = shard * ((hybrid.MASTER_BYTES if master else 0) + (1 - off) * hybrid.MOMENT_BYTES)
+        return device / GIB, off * shard * hybrid.HOST_BYTES / GIB
+    dense, experts = optimizer_splits(cfg, arch, stage)
+    device = sum(max((s.device_bytes(master) for s in part), default=0) for part in (dense, experts))
+    host = sum(max((s.host_bytes() for s in part), default=0) for part in (dense, experts))
+    return device / GIB, host / GIB
+
+
 def offloaded_params(cfg: Config, arch: ModelDims) -> float:
-    """Parameters one trainer rank updates on the host per optimizer step (the largest stage's shard)."""
+    """Parameters one trainer rank updates on the host per optimizer step (the fullest stage's worst
+    DP rank under HybridDeviceOptimizer's rule; LoRA: that share of the adapters)."""
     act = cfg.actor_config
     off = offload_fraction(cfg)
     if not off:
         return 0.0
-    dp_cp = act.data_parallel_size * act.context_parallel_size
-    expert_dp = max(1, act.tensor_model_parallel_size * dp_cp
-                    // (act.expert_model_parallel_size * expert_tp(cfg)))
-    shards = [stage_params(cfg, arch, s) for s in range(act.pipeline_model_parallel_size)]
-    return off * max(sp.dense / dp_cp + sp.experts / expert_dp for sp in shards)
+    pp = act.pipeline_model_parallel_size
+    if act.lora_r and act.lora_target_modules:
+        div = optimizer_divisors(cfg)[0]
+        return off * max(lora_params(cfg, arch, stage_params(cfg, arch, s)) for s in range(pp)) / div
+    return float(max(sum(max((x.host for x in part), default=0) for part in optimizer_splits(cfg, arch, s))
+                     for s in range(pp)))
 
 
 def trainer_resident_gib(cfg: Config, est: MemoryEstimate) -> float:

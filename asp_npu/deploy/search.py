@@ -30,7 +30,7 @@ from asp_npu.config import COLOCATED_MODES, Config, validate
 from asp_npu.deploy.arch import resolve_arch
 from asp_npu.deploy.estimate import ASP_LAG_FOR_SYNC_CONFIGS
 from asp_npu.deploy.layout import Card, Deployment, plan_layout
-from asp_npu.deploy.memory import seq_len
+from asp_npu.deploy.memory import instance_npus, seq_len
 from asp_npu.errors import UserError
 
 SIMULATED = 5  # splits simulated after the analytic ranking
@@ -160,6 +160,14 @@ def apply(base: Config, cand: Candidate, mode: str = "asp") -> Config:
     return cfg
 
 
+def layout_problems(cfg: Config) -> list[str]:
+    """`config.validate` for judging a layout: without the initial Megatron weights' folder
+    (`model.load_megatron`), whose problems do not depend on the split and which names a folder on the
+    cluster: a relative one (MindSpeed-RL's LoRA config has `load: ./`) would be read where the search
+    runs, and refuse every split. `asp-npu check` still reports it."""
+    return validate(replace(cfg, model=replace(cfg.model, load_megatron="")))
+
+
 def _batches_fit(base: Config, cand: Candidate) -> bool:
     """What `check` says of the batch shape, without building the layout: whole micro-batches per DP rank
     and a lag window that holds a group per instance."""
@@ -176,7 +184,7 @@ def _fit(base: Config, cand: Candidate, arch: ModelDims, nodes: int, per_node: i
     if not cfg.actor_config.num_layer_list and arch.num_layers % cand.pp:
         cfg.actor_config.num_layer_list = balanced_stages(arch.num_layers, cand.pp)
     lay = plan_layout(cfg, nodes, per_node, card)
-    problems = lay.problems or validate(cfg)
+    problems = lay.problems or layout_problems(cfg)
     return (None if problems else (cfg, lay)), problems
 
 
@@ -270,8 +278,8 @@ def colocated_baseline(base: Config, nodes: int, per_node: int, card: Card) -> d
     preset = build_preset(cfg, lay)
     m = simulate(preset, build_workload(preset), "mindspeed-sync").metrics
     return {"mode": "mindspeed-sync", "iteration_s": m["iteration_time_mean_s"],
-            "throughput_tok_s": m["throughput_tokens_per_s"], "fits": not (lay.problems or validate(cfg)),
-            "problems": list(lay.problems)}
+            "throughput_tok_s": m["throughput_tokens_per_s"],
+            "fits": not (lay.problems or layout_problems(cfg)), "problems": list(lay.problems)}
 
 
 def blocker(base: Config, arch: ModelDims, nodes: int, per_node: int, card: Card) -> str:
@@ -285,11 +293,16 @@ def blocker(base: Config, arch: ModelDims, nodes: int, per_node: int, card: Card
         cfg = apply(base, cand)
         if not cfg.actor_config.num_layer_list and arch.num_layers % cand.pp:
             cfg.actor_config.num_layer_list = balanced_stages(arch.num_layers, cand.pp)
-        probs = plan_layout(cfg, nodes, per_node, card).problems
+        probs = plan_layout(cfg, nodes, per_node, card).problems or layout_problems(cfg)
         score = cand.tp * cand.pp * 1000 - cand.dp
         if probs and (best is None or score > best[0]):
             best = (score, [f"{cand.describe()}: {probs[0]}"])
-    return best[1][0] if best else f"no asynchronous layout of {total} NPUs holds a trainer and one instance"
+    if best:
+        return best[1][0]
+    gen, k = base.generate_config, instance_npus(base)
+    return (f"a rollout instance takes {k} of the {total} NPUs (generate_config infer TP"
+            f"{gen.infer_tensor_parallel_size} x EP{gen.infer_expert_parallel_size}), leaving "
+            f"{max(0, total - k)} for the trainer: no asynchronous layout holds a trainer and one instance")
 
 
 def format_result(res: SearchResult, shown: int = 5) -> list[str]:

@@ -74,3 +74,20 @@ def test_verl_lora_keys_map_to_megatron_layers():
     assert translate_verl_lora({"lora_rank": 0, "lora_alpha": 16}).out == {}
     with pytest.raises(UserError, match="target_modules: 'lm_head'"):
         translate_verl_lora({"lora_rank": 8, "target_modules": ["lm_head"]})
+
+
+def test_grpo_lora_imports_in_mode_asp_with_the_searched_split(tmp_path, capsys):
+    """The file's `load: ./` (model.load_megatron) names a folder that exists wherever the import runs
+    and is no checkpoint: the search judges splits without it (`check` still reads it), so the frozen
+    base's small trainer finds its split: TP4 x PP3 beside TP2 instances on the 16 A2 NPUs."""
+    out = tmp_path / "asp.yaml"
+    assert cli_main(["import-config", "mindspeed-rl", str(FIXTURE), "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    cfg = load_config(str(out), check=False)
+    act, gen = cfg.actor_config, cfg.generate_config
+    assert cfg.rl_config.mode == "asp" and act.lora_r == 128 and cfg.model.load_megatron == "./"
+    assert (act.tensor_model_parallel_size, act.pipeline_model_parallel_size) == (4, 3)
+    assert act.tensor_model_parallel_size * act.pipeline_model_parallel_size * act.data_parallel_size \
+        + gen.num_instances * gen.infer_tensor_parallel_size <= 16
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(out), 'model.load_megatron=""', "--no-sim"]) == 0

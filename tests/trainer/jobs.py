@@ -126,7 +126,7 @@ def training_parity(rank: int, world: int, port: int, model_dir: str,
     for name, fields in setups.items():
         cfg = trainer_config(Path(model_dir))
         for k, v in fields.items():
-            setattr(cfg.actor_config, k, v)
+            setattr(cfg.model if k == "dtype" else cfg.actor_config, k, v)  # dtype: the model's
         w = TrainerWorker(cfg, rank, world, master_port=port)
         grads: list[dict[str, Any]] = []
         step = w.optimizer.step
