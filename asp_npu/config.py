@@ -319,6 +319,10 @@ class TrainerConfig(Section):
     n_devices_per_node: int = 0  # 0 = detect
     card: str = ""  # accelerator model for `asp-npu check`: 910b | 910b4 | a2 | a3 ("" = 910b)
     host_memory_gib: float = 0.0  # host (CPU) memory per node for `asp-npu check`; 0 = the card's default
+    # host Adam seconds per offloaded parameter of a rank (optimizer_cpu_offload) for `asp-npu check` and
+    # the layout search: `asp-npu calibrate` measures it (`check --calib FILE` reads it from the file);
+    # 0 = the documented NPU-host figure (docs/layout.md)
+    host_optimizer_s_per_param: float = 0.0
     stall_timeout_s: float = 300.0  # pipeline: fail with a clear error after this long without progress
     # a trainer rank that dies or hangs stops the run cleanly; it is then started again from the last
     # complete checkpoint this many times (1: a transient loss -- a killed process, a lost node -- costs

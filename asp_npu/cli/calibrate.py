@@ -77,6 +77,8 @@ FIGURES: tuple[Figure, ...] = (  # (label, the calibration's value, its key in `
     ("core sharing: trainer slowdown", lambda r: (r["core_sharing"] or {}).get("train_slowdown"),
      "train_slowdown", "x"),
     ("matmul, one device", lambda r: r.get("matmul_flops_per_s"), "matmul_flops_per_s", "FLOP/s"),
+    ("host optimizer step per parameter", lambda r: r.get("host_optimizer_s_per_param"),
+     "host_optimizer_s_per_param", "s"),
 )
 
 

@@ -1,7 +1,9 @@
 """`asp-npu check --config FILE [--nodes N --npus-per-node M]`: validate a config for a cluster
 before queueing for it, without touching hardware (what is checked: asp_npu/deploy/check.py).
 
-A bad config lists every problem on stderr and exits 2. `--suggest` prints the layout search's best
+A bad config lists every problem on stderr and exits 2. `--calib FILE` charges the host optimizer step
+`asp-npu calibrate` measured (`trainer.host_optimizer_s_per_param`) instead of the documented figure.
+`--suggest` prints the layout search's best
 asynchronous splits of the same cluster (asp_npu/deploy/search.py); a config with `rl_config.layout: auto`
 is checked on the search's choice.
 """
@@ -72,7 +74,7 @@ def _print_sim(sim_rows: list[dict[str, Any]] | None, sim_note: str) -> None:
         print(f"asp / mindspeed-sync throughput: {ratio:.2f}x")
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> Any:
     p = command_parser("check", "validate a config against a cluster without touching hardware")
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/npu/qwen25_7b_a2_1node.yaml)")
     p.add_argument("--nodes", type=int, default=None, help="nodes in the cluster (default: trainer.nnodes)")
@@ -87,9 +89,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print the layout as JSON instead of tables")
     p.add_argument("--suggest", action="store_true",
                    help="search the cluster's asynchronous layouts and print the best few (simulated)")
+    p.add_argument("--calib", default=None,
+                   help="asp-calib/1 file from `asp-npu calibrate` on the cluster's host: its measured host "
+                   "optimizer step replaces the documented figure (trainer.host_optimizer_s_per_param)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
-    args = p.parse_args(argv)
-    cfg = load_config(args.config, args.overrides, check=False)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    overrides = list(args.overrides)
+    if args.calib is not None:
+        from asp_npu.deploy.estimate import calibrated_host_optimizer
+
+        overrides.append(f"trainer.host_optimizer_s_per_param={calibrated_host_optimizer(args.calib)!r}")
+    cfg = load_config(args.config, overrides, check=False)
     card_name, nodes, per_node = _cluster(args, cfg)
     cfg = _layout(cfg, nodes, per_node, card_name, args.suggest, sys.stderr if args.json else sys.stdout)
     lay = check(cfg, nodes, per_node, card_name)

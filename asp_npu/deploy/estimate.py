@@ -12,9 +12,10 @@ modes before queueing, not a measurement: calibrate on the cluster (`asp-npu cal
 What the trainer's layout costs on top of its tokens (what the layout search trades against memory):
 - full recompute: one more forward of the update, 2N of the preset's 10N FLOP per token (x1.2);
 - pipeline parallelism: 1F1B's bubble, (PP - 1) / m more time for m micro-batches per rank and step;
-- optimizer state on the host: each step the host updates the rank's offloaded shard and the shard's
-  gradients / parameters cross PCIe, HOST_OPTIMIZER_S_PER_PARAM seconds per offloaded parameter
-  (charged as trainer step time).
+- optimizer state on the host: each step the host updates the rank's offloaded shard (Adam, seconds per
+  offloaded parameter: `trainer.host_optimizer_s_per_param` as `asp-npu calibrate` measured it, else
+  the documented NPU-host HOST_ADAM_S_PER_PARAM) and the shard's gradients / parameters cross PCIe
+  (PCIE_S_PER_PARAM), charged as trainer step time (`host_optimizer_s_per_param`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ from asp_npu.deploy.layout import Deployment
 HBM_BYTES_PER_S = 1.6e12  # Ascend 910B HBM bandwidth per NPU (an A3 die is taken as the same)
 ITERATIONS = 8
 ASP_LAG_FOR_SYNC_CONFIGS = 2  # a synchronous (lag 0) config: ASP is estimated at the shipped configs' lag
-# Host-side Adam per offloaded parameter of a rank, a documented figure (not measured by calibrate): torch's
-# multi-tensor Adam is memory-bound at ~28 bytes/param (read param, grad, 2 moments; write param, 2 moments)
-# over ~14 GB/s per rank (a Kunpeng 920 node's ~230 GB/s DDR shared by its 16 trainer ranks) = 2.0e-9 s,
-# plus the fp32 gradient down and the bf16 parameter up over PCIe 4.0 x16 (~25 GB/s): 6 B = 0.24e-9 s.
-HOST_OPTIMIZER_S_PER_PARAM = 2.24e-9
+# Host-side Adam per offloaded parameter of a rank on an NPU host, a documented figure used where no
+# calibration gives the machine's own (`trainer.host_optimizer_s_per_param`, from `asp-npu calibrate`):
+# torch's fused AdamW is memory-bound at ~28 bytes/param (read param, grad, 2 moments; write param,
+# 2 moments) over ~14 GB/s per rank (a Kunpeng 920 node's ~230 GB/s DDR shared by its 16 trainer ranks).
+HOST_ADAM_S_PER_PARAM = 2.0e-9
+# the fp32 gradient down and the bf16 parameter up over PCIe 4.0 x16 (~25 GB/s): 6 B per parameter; not in
+# what `calibrate` measures (its probe runs on the host alone), so charged on top of either Adam figure
+PCIE_S_PER_PARAM = 0.24e-9
+HOST_OPTIMIZER_S_PER_PARAM = HOST_ADAM_S_PER_PARAM + PCIE_S_PER_PARAM  # 2.24e-9: the uncalibrated charge
 FULL_RECOMPUTE_FACTOR = 1.2  # update 6N + old-logprob 2N + ref 2N, plus a second 2N forward of the update
 # PPO's critic on the trainer's devices: its scoring forward 2N and update 6N per token after the policy's
 # update 6N + old-logprob 2N + ref 2N
@@ -53,8 +58,34 @@ def trainer_layout_costs(cfg: Config, lay: Deployment) -> tuple[float, float]:
         FULL_RECOMPUTE_FACTOR if act.recompute_granularity == "full" else 1.0)
     if rl.adv_estimator == "gae":
         factor *= CRITIC_FACTOR
-    host_step = offloaded_params(cfg, lay.arch) * HOST_OPTIMIZER_S_PER_PARAM if lay.arch is not None else 0.0
+    host_step = 0.0 if lay.arch is None else offloaded_params(cfg, lay.arch) * host_optimizer_s_per_param(cfg)
     return factor, host_step
+
+
+def host_optimizer_s_per_param(cfg: Config) -> float:
+    """Seconds per offloaded parameter of a rank's optimizer step on the host: the calibrated (else the
+    documented) Adam figure plus the PCIe round trip."""
+    return (cfg.trainer.host_optimizer_s_per_param or HOST_ADAM_S_PER_PARAM) + PCIE_S_PER_PARAM
+
+
+def calibrated_host_optimizer(path: str) -> float:
+    """`host_optimizer_s_per_param` of an `asp-calib/1` file (`check --calib`); one line if it has none."""
+    from asp_npu.errors import InvalidValue, UserError
+    from asp_npu.io import read_json_file
+    from asp_npu.sim.calibrate import SCHEMA
+    from asp_npu.validation import check_float
+
+    d = read_json_file(path, "calibration file")
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise UserError(f"{path}: not an {SCHEMA} calibration file")
+    v = d.get("host_optimizer_s_per_param")
+    if v is None:
+        raise UserError(f"{path}: no host_optimizer_s_per_param (written by an older `asp-npu calibrate`: "
+                        "run it again)")
+    try:
+        return check_float(f"{path}: host_optimizer_s_per_param", v, 0.0, 1e-3, lo_open=True)
+    except InvalidValue as exc:
+        raise UserError(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=1)

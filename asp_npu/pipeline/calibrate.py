@@ -18,6 +18,9 @@ exactly as a rollout instance runs:
   trainer idle vs stepping back to back, and a trainer step with the engines idle vs decoding, in
   the run's placement (the run's other instances decode throughout; engines niced where the run
   nices them), measured in interleaved pairs. The ratios are the simulator's slowdown factors.
+- the host-side optimizer step (`asp_npu.trainer.calibrate.host_optimizer_s_per_param`): seconds per
+  parameter of the Adam step megatron's HybridDeviceOptimizer runs on the host under
+  `optimizer_cpu_offload`, what `check` and the layout search charge per offloaded parameter.
 Prompts are random token ids, distinct per sequence, so prefix caching cannot shortcut anything.
 This module measures; the simulator fits its cost model to the points and writes the `asp-calib/1`
 file (asp_npu/sim/calibrate.py).
@@ -397,12 +400,14 @@ def measure_config(
     whole process is confined to them, as a run's instance is), measure it; with `trainer`, then the
     trainer and core sharing (`measure_sharing`); shut everything down. Every probe is taken `repeats`
     times; other processes' CPU use is sampled throughout (`machine_load.ForeignLoad`, in `meta`), and
-    one core's matmul FLOP/s is probed `repeats` times (`points["matmul_flops_per_s"]`)."""
+    one core's matmul FLOP/s is probed `repeats` times (`points["matmul_flops_per_s"]`), and so is the
+    host-side Adam step of `optimizer_cpu_offload` (`points["host_optimizer_s_per_param"]`)."""
     from asp_npu.pipeline.machine_load import ForeignLoad
 
     with ForeignLoad() as load:
         m = _measure_config(cfg, quick, repeats, trainer)
         m.points["matmul_flops_per_s"] = _matmul_probes(repeats, quick)
+        m.points["host_optimizer_s_per_param"] = _host_optimizer_probes(repeats, quick)
     m.meta["foreign_load"] = load.summary()
     return m
 
@@ -411,6 +416,13 @@ def _matmul_probes(repeats: int, quick: bool) -> list[float]:
     from asp_npu.trainer.calibrate import matmul_flops_per_s
 
     return [matmul_flops_per_s(min_s=0.2 if quick else 0.5) for _ in range(repeats)]
+
+
+def _host_optimizer_probes(repeats: int, quick: bool) -> list[float]:
+    from asp_npu.trainer.calibrate import HOST_OPTIMIZER_PARAMS, host_optimizer_s_per_param
+
+    params = HOST_OPTIMIZER_PARAMS // 2 if quick else HOST_OPTIMIZER_PARAMS
+    return [host_optimizer_s_per_param(params, min_s=0.2 if quick else 0.5) for _ in range(repeats)]
 
 
 def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> EngineMeasurement:

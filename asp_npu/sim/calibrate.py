@@ -4,9 +4,12 @@ write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
 The measurement itself runs a real engine and lives with the rollout code
 (asp_npu/pipeline/calibrate.py); this module is pure arithmetic on its points.
 Schema `asp-calib/1`. `matmul_flops_per_s`: the median of a timed fp32 torch matmul per device (one
-thread = one core on CPU; the denominator of a run's MFU). `spread`: every figure's median, min, max
-and relative spread over the repeats; `trust`: whether they agree within 5% and other processes left
-the machine alone during the probes (`verdict`), with the one line `asp-npu calibrate` prints.
+thread = one core on CPU; the denominator of a run's MFU). `host_optimizer_s_per_param`: the median
+seconds per parameter of the host-side Adam step under `optimizer_cpu_offload` (fp32 master, gradient
+and two moments, one thread: a trainer rank's share; `asp-npu check --calib` and
+`trainer.host_optimizer_s_per_param` charge it per offloaded parameter). `spread`: every figure's
+median, min, max and relative spread over the repeats; `trust`: whether they agree within 5% and other
+processes left the machine alone during the probes (`verdict`), with the one line `asp-npu calibrate` prints.
 The trainer fields (null when the trainer was not measured):
 - `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
   asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator
@@ -97,8 +100,10 @@ def calibration(model: str, points: dict[str, Any], meta: dict[str, Any], max_sp
     spreads = figure_spreads(points)
     load = meta.get("foreign_load") or {}
     mm = points.get("matmul_flops_per_s")
+    host = points.get("host_optimizer_s_per_param")
     return {
         "matmul_flops_per_s": float(statistics.median(mm)) if mm else None,
+        "host_optimizer_s_per_param": float(statistics.median(host)) if host else None,
         "spread": spreads,
         "trust": verdict(spreads, load.get("mean"), load.get("loadavg_1m_max"), max_spread, max_foreign),
         "schema": SCHEMA,
@@ -164,7 +169,8 @@ def _fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
 
 def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Every calibrated figure's spread over its repeats: the decode fit and the prefill slope (one fit
-    per repeat), weight refresh, the trainer steps (both placements) and the core-sharing ratios."""
+    per repeat), weight refresh, the trainer steps (both placements), the core-sharing ratios and the
+    matmul and host-optimizer probes."""
     out: dict[str, dict[str, float]] = {}
     fits = _fit_per_repeat(points)
     if fits:
@@ -192,8 +198,9 @@ def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
             ratios = [b / a for a, b in zip(sh[alone], sh[shared], strict=True) if a > 0]
             if ratios:
                 out[name] = spread(ratios)
-    if points.get("matmul_flops_per_s"):
-        out["matmul_flops_per_s"] = spread(list(points["matmul_flops_per_s"]))
+    for key in ("matmul_flops_per_s", "host_optimizer_s_per_param"):
+        if points.get(key):
+            out[key] = spread(list(points[key]))
     return out
 
 

@@ -131,3 +131,36 @@ def matmul_flops_per_s(size: int = 512, min_s: float = 0.3, dtype: str = "float3
         return 2.0 * size**3 * n / elapsed
     finally:
         torch.set_num_threads(threads)
+
+
+HOST_OPTIMIZER_PARAMS = 1 << 25  # 33.5M fp32 parameters: 512 MiB of state, far past any cache (memory-bound)
+
+
+def host_optimizer_s_per_param(params: int = HOST_OPTIMIZER_PARAMS, tensors: int = 4, min_s: float = 0.3,
+                               threads: int = 1) -> float:
+    """Seconds per parameter of the host-side Adam step as megatron-core 0.16's HybridDeviceOptimizer
+    runs it (`optimizer_cpu_offload`): one `torch.optim.AdamW(fused=True)` over the offloaded shard's
+    fp32 master parameters with their fp32 gradients and two fp32 moments (megatron's defaults:
+    `overlap_cpu_optimizer_d2h_h2d` off, so one optimizer for every host tensor). Steps repeat for at
+    least `min_s` after one warm-up step (which allocates the moments); `threads` torch threads (one:
+    a trainer rank's share of the host, as the simulator charges it per rank). The gradient's and
+    parameter's trip over PCIe is not in it (there is none on CPU; `deploy.estimate` adds it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        size = max(1, params // tensors)
+        ps = [torch.zeros(size, dtype=torch.float32, requires_grad=True) for _ in range(tensors)]
+        for p in ps:
+            p.grad = torch.full((size,), 1e-3)
+        opt = torch.optim.AdamW([{"params": ps}], lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8,
+                                fused=True)
+        opt.step()
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_s or n == 0:
+            opt.step()
+            n += 1
+        return elapsed / (n * size * tensors)
+    finally:
+        torch.set_num_threads(before)

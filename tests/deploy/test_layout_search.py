@@ -192,3 +192,47 @@ def test_sim_layout_auto_is_never_behind_the_fixed_sweep_split() -> None:
     assert a.layout.devices == f.layout.devices == 2 * 2 + fixed.cluster.sweep_trainer_devices
     assert a.metrics["throughput_tokens_per_s"] >= f.metrics["throughput_tokens_per_s"]
     assert len(a.metrics["split_search"]) > 1
+
+
+def test_offloaded_step_charges_the_calibrated_host_figure(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """With offload the trainer's step pays the host Adam per offloaded parameter (the calibrated figure
+    where one is given, else the documented NPU-host one) plus PCIe; a larger figure, a slower
+    simulated iteration; without offload no host time whatever the figure."""
+    import json
+
+    from asp_npu.deploy.estimate import (
+        HOST_ADAM_S_PER_PARAM,
+        HOST_OPTIMIZER_S_PER_PARAM,
+        PCIE_S_PER_PARAM,
+        build_preset,
+        estimate,
+        trainer_layout_costs,
+    )
+    from asp_npu.deploy.memory import offloaded_params
+
+    def run(figure: float, offload: bool) -> tuple[float, float, float]:
+        cfg = _cfg(optimizer_cpu_offload=offload, optimizer_offload_fraction=1.0)
+        cfg.trainer.host_optimizer_s_per_param = figure
+        lay = plan_layout(cfg, 1, 8, A2)
+        assert not lay.problems and lay.arch is not None
+        host = trainer_layout_costs(cfg, lay)[1]
+        per = offloaded_params(cfg, lay.arch)
+        assert host == pytest.approx(per * ((figure or HOST_ADAM_S_PER_PARAM) + PCIE_S_PER_PARAM))
+        rows = estimate(cfg, lay)[0]
+        assert rows is not None
+        return host, build_preset(cfg, lay).cost.train_step_s, rows[0]["iteration_s"]
+
+    assert HOST_OPTIMIZER_S_PER_PARAM == pytest.approx(2.24e-9)
+    documented, fast, slow = run(0.0, True), run(0.5e-9, True), run(20e-9, True)
+    assert fast[0] < documented[0] < slow[0] and fast[1] < documented[1] < slow[1]
+    assert slow[2] > fast[2]  # the simulated iteration pays it
+    assert run(0.0, False)[:2] == run(20e-9, False)[:2] and run(20e-9, False)[0] == 0.0
+
+    path, calib = _write(tmp_path, _cfg(optimizer_cpu_offload=True)), tmp_path / "calib.json"
+    calib.write_text(json.dumps({"schema": "asp-calib/1", "host_optimizer_s_per_param": 7e-10}))
+    assert cli_main(["check", "--config", str(path), "--no-sim", "--calib", str(calib)]) == 0
+    calib.write_text(json.dumps({"schema": "asp-calib/1", "host_optimizer_s_per_param": None}))
+    assert cli_main(["check", "--config", str(path), "--no-sim", "--calib", str(calib)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no host_optimizer_s_per_param" in err[0], err

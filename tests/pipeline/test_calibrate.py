@@ -78,3 +78,33 @@ def test_every_printed_figure_carries_its_spread_and_one_trust_line(capsys, tmp_
     assert cli_main(["calibrate", "--config", "configs/cpu_tiny.yaml", "--out", str(tmp_path / "c.json"),
                      "--max-spread", "0"]) == 2
     assert "--max-spread" in capsys.readouterr().err
+
+
+def test_host_optimizer_probe_lands_in_the_calibration_json(monkeypatch, tmp_path, capsys):
+    """The host Adam probe (megatron's HybridDeviceOptimizer step on the host) gives a positive finite
+    seconds per parameter, repeated like the other probes; `calibrate` writes its median and spread
+    and prints it (the engine measurement is stubbed: no engine starts)."""
+    import json
+    import math
+
+    import asp_npu.pipeline.calibrate as pc
+    import asp_npu.trainer.calibrate as tc
+
+    one = tc.host_optimizer_s_per_param(params=1 << 16, min_s=0.01)
+    assert math.isfinite(one) and 0 < one < 1e-3
+    monkeypatch.setattr(tc, "HOST_OPTIMIZER_PARAMS", 1 << 18)
+    decode = [{"batch": n, "prompt_len": 16, "kv_tokens": 16.0 * n, "step_s": 0.004 + 3e-4 * n}
+              for n in (1, 4)]
+    prefill = [{"prompt_tokens": p, "ttft_s": 1e-4 * p} for p in (32, 128)]
+    fake = pc.EngineMeasurement("m", {"decode": decode, "prefill": prefill, "refresh": []}, {})
+    monkeypatch.setattr(pc, "_measure_config", lambda *a: fake)
+    out = tmp_path / "c.json"
+    assert cli_main(["calibrate", "--config", "configs/cpu_tiny.yaml", "--out", str(out), "--quick",
+                     "--repeats", "2", "--no-trainer"]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["points"]["host_optimizer_s_per_param"]
+    assert len(runs) == 2 and all(math.isfinite(x) and x > 0 for x in runs)
+    assert doc["host_optimizer_s_per_param"] == pytest.approx(sum(runs) / 2)
+    assert doc["spread"]["host_optimizer_s_per_param"]["n"] == 2
+    line = [s for s in capsys.readouterr().out.splitlines() if "host optimizer step per parameter" in s]
+    assert len(line) == 1 and "spread" in line[0]
