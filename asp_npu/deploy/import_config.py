@@ -864,8 +864,9 @@ def _generate_key(ms: dict[str, Any], tr: Translation, colocated: bool, key: str
 _CRITIC_REASONS = {
     "model": "the critic is the policy's model (model.path) with a value head",
     **dict.fromkeys(("finetune", "load", "save", "no_load_optim", "no_load_rng"),
-                    "the critic starts from model.path's HF weights (value head zero-initialised); critic "
-                    "checkpoints are not written yet"),
+                    "the critic starts from model.path's HF weights (value head zero-initialised), as "
+                    "MindSpeed-RL's critic starts from the base model; it is checkpointed with the policy "
+                    "(critic/ in each checkpoint) and resumed by actor_config.load"),
 }
 _SECTIONS = {
     "megatron_training": _TRAINING_REASONS,
