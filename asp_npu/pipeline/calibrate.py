@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,6 +447,7 @@ def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> En
         enforce_eager=gen.enforce_eager,
         max_model_len=getattr(gen, "max_model_len", 0) or None,
     )
+    print(f"calibrate: config and model {model} checked; starting the engine", file=sys.stderr, flush=True)
     loop = LoopThread()
     engine = None
     try:

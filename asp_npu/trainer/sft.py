@@ -152,6 +152,7 @@ def warm_start(
     log(f"sft: step 0 exact_match={evals[0]['exact_match']:.3f} reward={evals[0]['reward']:.3f}")
     t0 = time.time()
     group = TrainerGroup(cfg, start=start)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     eval_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".eval", dir=out.parent))
     try:  # the model evaluated mid-run gets a unique name, removed at the end
@@ -160,6 +161,8 @@ def warm_start(
     finally:
         group.shutdown()
         shutil.rmtree(eval_dir, ignore_errors=True)
+        if not out.exists():  # failed or interrupted: no empty folder made for it is left
+            _remove_empty(made)
     seconds = time.time() - t0
     evals.append({"step": steps, **evaluate(out, eval_set, max_new)})
     log(
@@ -174,6 +177,15 @@ def warm_start(
         "evals": evals,
         "out": str(out),
     }
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """The folders made for the output (deepest first), those still empty removed."""
+    for f in folders:
+        try:
+            f.rmdir()
+        except OSError:
+            return
 
 
 def _train(cfg: Config, group: Any, src: str, pairs: list[Any], steps: int, tmp_eval: Path,
