@@ -32,9 +32,9 @@ class RunDerived:
     @classmethod
     def at_start(cls, cfg: Config) -> RunDerived:
         """Before anything is derived: what the loaded config says."""
-        act = cfg.actor_config
-        return cls(cfg.model.path, MODEL_PATH, cfg.model.load_megatron, act.load, tuple(act.pinned_cores()),
-                   act.num_threads)
+        rank = RankStart.of(cfg)  # the one reader of the config's policy, cores and threads
+        return cls(rank.policy_path, MODEL_PATH, rank.megatron, cfg.actor_config.load, rank.cores,
+                   rank.threads)
 
     def with_policy(self, path: str, source: str) -> RunDerived:
         """The policy now starts from the HF folder `path` (its weights, no Megatron load over them)."""
