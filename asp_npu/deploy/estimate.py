@@ -70,14 +70,13 @@ def host_optimizer_s_per_param(cfg: Config) -> float:
 
 def calibrated_host_optimizer(path: str) -> float:
     """`host_optimizer_s_per_param` of an `asp-calib/1` file (`check --calib`); one line if it has none."""
+    from pathlib import Path
+
     from asp_npu.errors import InvalidValue, UserError
-    from asp_npu.io import read_json_file
-    from asp_npu.sim.calibrate import SCHEMA
+    from asp_npu.sim.preset import read_calibration
     from asp_npu.validation import check_float
 
-    d = read_json_file(path, "calibration file")
-    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-        raise UserError(f"{path}: not an {SCHEMA} calibration file")
+    d = read_calibration(Path(path))
     v = d.get("host_optimizer_s_per_param")
     if v is None:
         raise UserError(f"{path}: no host_optimizer_s_per_param (written by an older `asp-npu calibrate`: "

@@ -343,13 +343,19 @@ def _rl_problems(r: RLSpec) -> list[str]:
     return bad
 
 
-def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
-    """Overlay an `asp-calib/1` file on `cost`; null fields keep the preset's default (and say so)."""
+def read_calibration(path: Path) -> dict[str, Any]:
+    """An `asp-calib/1` file's object (`asp-npu calibrate --out`); one line if missing or not one."""
     if not path.exists():
         raise UserError(f"{path}: calibration file not found (run `asp-npu calibrate --out {path}` first)")
     d = read_json_file(path, "calibration file")
     if not isinstance(d, dict) or d.get("schema") != CALIB_SCHEMA:
         raise UserError(f"{path}: not an {CALIB_SCHEMA} calibration file")
+    return d
+
+
+def apply_calibration(cost: SimCost, path: Path) -> tuple[SimCost, list[str]]:
+    """Overlay an `asp-calib/1` file on `cost`; null fields keep the preset's default (and say so)."""
+    d = read_calibration(path)
     notes = [f"calibration: {path} (model {d.get('model', '?')})"]
     upd: dict[str, Any] = {}
     step = d.get("decode_step_s") or {}
