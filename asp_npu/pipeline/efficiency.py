@@ -7,7 +7,9 @@ inputs come from the run, not from a calibration:
   in iterations of `global_batch_size` prompts in the order they were consumed;
 - the trainer: device-seconds per token = the run's total `timing/update` x trainer devices / the
   prompt + response tokens it trained (`sim.replay.trainer_cost_from_run`);
-- decode: `a + b x batch` seconds per step, fitted to every generated sequence of the run: a sequence
+- decode: `a + b x batch` seconds per step, fitted to every generated sequence of the run (the
+  engines' warm-up before the clock excluded; the windows in which a weight_refresh froze an
+  instance's running sequences cut out of their lifetimes): a sequence
   that lived `d` seconds and generated `r` tokens while on average `n` sequences ran on its
   instance gives `d = a r + b r n` (least squares, both terms >= 0; prefill folds into `a`, the KV
   term into `b`; beyond `max_num_seqs` submitted sequences the engine runs that many at a time, so
@@ -32,11 +34,16 @@ from asp_npu.core.records import GroupKey
 
 
 def _sequences(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, int]]:
-    """(start, finish, tokens) of every finished sequence of one instance's events."""
+    """(start, finish, tokens) of every finished sequence of one instance's events (warm-up excluded:
+    a vLLM process's first generation pays seconds of one-off set-up that are not decode steps)."""
+    from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
+
     open_: dict[tuple[str, int], list[float]] = {}
     out = []
     for e in sorted(events, key=lambda e: float(e["t"])):
         key = (str(e.get("prompt_id")), int(e.get("sample_idx", 0)))
+        if key[0].startswith(WARMUP_PREFIX):
+            continue
         if e["event"] == "start":
             open_.setdefault(key, []).append(float(e["t"]))
         elif e["event"] == "finish" and open_.get(key):
@@ -56,20 +63,34 @@ def _mean_running(seqs: list[tuple[float, float, int]]) -> np.ndarray:
     return np.asarray((np.interp(f, t, area) - np.interp(s, t, area)) / d)
 
 
-def decode_fit(instances: Iterable[Sequence[Mapping[str, Any]]], slots: int = 0) -> dict[str, float] | None:
+def _overlap(s: float, f: float, windows: Sequence[tuple[float, float]]) -> float:
+    """Seconds of [s, f] inside the (disjoint or not) windows, each counted once."""
+    cut, end = 0.0, s
+    for a, b in sorted(windows):
+        a, b = max(a, end), min(b, f)
+        if b > a:
+            cut += b - a
+            end = b
+    return cut
+
+
+def decode_fit(instances: Iterable[Sequence[Mapping[str, Any]]], slots: int = 0,
+               frozen: Sequence[Sequence[tuple[float, float]]] = ()) -> dict[str, float] | None:
     """Decode step `a + b x batch` from the run's sequence events (one list per instance); None with
     fewer than two sequences that generated tokens. With `slots` (max_num_seqs), `n` submitted
     sequences beyond the slots decode `slots` at a time: a sequence then lives `r (a + b slots) n /
-    slots` (it waits its turn)."""
+    slots` (it waits its turn). `frozen[i]`: instance i's windows in which its running sequences were
+    stopped (a weight_refresh's load); a sequence's lifetime inside them is not decode time."""
     rows = []
-    for events in instances:
+    for i, events in enumerate(instances):
         seqs = [x for x in _sequences(events) if x[2] > 0 and x[1] > x[0]]
+        windows = frozen[i] if i < len(frozen) else ()
         if seqs:
             n = _mean_running(seqs)
             for (s, f, r), k in zip(seqs, n, strict=True):
                 batch = min(k, slots) if slots else k
                 wait = k / batch if batch > 0 else 1.0
-                rows.append((f - s, r * wait, r * batch * wait))
+                rows.append((max(f - s - _overlap(s, f, windows), 1e-12), r * wait, r * batch * wait))
     if len(rows) < 2:
         return None
     y, x = np.array([r[0] for r in rows]), np.array([[r[1], r[2]] for r in rows], dtype=float)

@@ -29,6 +29,7 @@ class InstanceRecord:
     blocked: list[Interval] = field(default_factory=list)
     paused: list[Interval] = field(default_factory=list)
     lent: list[Interval] = field(default_factory=list)
+    frozen: list[Interval] = field(default_factory=list)  # running sequences stopped by a weight_refresh
     _blocked_since: float | None = None
 
     def set_blocked(self, t: float, blocked: bool) -> None:

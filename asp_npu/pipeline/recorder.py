@@ -89,6 +89,9 @@ class Recorder:
 
     def refreshed(self, r: Refreshed) -> None:
         self.instances[r.instance].paused.append((r.t_end - r.load_s, r.t_end))
+        if r.report.get("t_wall_end"):  # on the instance's own clock, as its sequence events
+            t = float(r.report["t_wall_end"])
+            self.instances[r.instance].frozen.append((t - float(r.report.get("frozen_s", 0.0)), t))
         self.refreshes.append({**r.report, "t_end": r.t_end})
 
     def generated(self, t_gen: float, t_pause: float, t_train: float) -> None:
@@ -252,7 +255,9 @@ class Recorder:
         from asp_npu.trainer.calibrate import matmul_flops_per_s
 
         updates = [float(r[M.TIMING_UPDATE]) for r in self.metrics.history if M.TIMING_UPDATE in r]
-        decode = eff.decode_fit([st.get("sequence_events", []) for st in stats], self.shape.slots)
+        ids = [int(st["instance"]) for st in stats]
+        frozen = [self.instances[i].frozen if i < len(self.instances) else [] for i in ids]
+        decode = eff.decode_fit([st.get("sequence_events", []) for st in stats], self.shape.slots, frozen)
         if decode is None or not self.samples_rows or not updates or not totals["iterations"]:
             return {"x_limit": None, "mfu": None,
                     "why": "no whole iteration or no generated sequence recorded"}

@@ -109,6 +109,7 @@ class RefreshReport:
     num_bytes: int
     frozen_s: float = 0.0  # weight-transfer engine: running sequences stopped (drain: the whole refresh)
     transfer_s: float = 0.0  # weight-transfer engine: the update_weights RPC (rest of receive + load)
+    t_wall_end: float = 0.0  # time.time() when frozen running sequences resumed (0: none were frozen)
 
 
 class RolloutEngine(Protocol):

@@ -531,11 +531,11 @@ class VLLMEngine:
             await self.llm.reset_prefix_cache()
         self._new_weights(version, update["counts"])  # before the frozen sequences resume
         await self.abort_weight_update()  # resume + reopen: the same exit as a failed update
-        t_end = time.perf_counter()
+        t_end, t_wall = time.perf_counter(), time.time() if update["paused"] else 0.0
         (stats, *_) = await self.llm.collective_rpc("weight_transfer_stats")
         return RefreshReport(
             int(version), float(stats.get("load_s", 0.0)), t_end - update["t0"], update["drain_s"],
-            int(stats.get("bytes", 0)), t_end - update["t_frozen"], update.get("transfer_s", 0.0),
+            int(stats.get("bytes", 0)), t_end - update["t_frozen"], update.get("transfer_s", 0.0), t_wall,
         )
 
     async def abort_weight_update(self) -> None:

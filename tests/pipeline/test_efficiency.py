@@ -43,6 +43,46 @@ def test_decode_fit_recovers_the_step_cost_from_sequence_events():
     assert two["b"] == pytest.approx(b, rel=1e-6)
 
 
+def test_decode_fit_leaves_out_the_warm_up_and_the_refresh_freezes():
+    """The engines' warm-up (seconds of one-off set-up before the clock) and the windows in which a
+    weight_refresh froze running sequences are not decode steps: with them counted, a run of
+    0.017 s/step fitted 0.146 s/step and its bound sat 6x above the run."""
+    from asp_npu.pipeline.queue_actor import WARMUP_PREFIX
+
+    a = 0.017
+
+    def step(fit: dict | None) -> float:  # one batch size (8): only a + 8 b is determined
+        assert fit is not None
+        return fit["a"] + 8 * fit["b"]
+
+    events, t = [], 0.0
+    for k in range(6):
+        ev, t = _batch(t + 0.1, 8, 24, a, 0.0, f"g{k}-")
+        events += ev
+    clean = eff.decode_fit([events])
+    assert step(clean) == pytest.approx(a, rel=1e-6)
+    pid = f"{WARMUP_PREFIX}0@0"
+    warm = [{"event": "start", "t": -40.0, "prompt_id": pid, "sample_idx": k} for k in range(4)]
+    warm += [{"event": "finish", "t": -0.5, "prompt_id": pid, "sample_idx": k, "tokens": 24}
+             for k in range(4)]
+    with_warm = eff.decode_fit([warm + events])
+    assert step(with_warm) == pytest.approx(a, rel=1e-6)
+    assert with_warm is not None and clean is not None and with_warm["sequences"] == clean["sequences"] == 48
+    # every batch frozen 0.2 s mid-flight: lifetimes longer by 0.2 s, the fit unchanged once cut out
+    frozen_events, windows, t = [], [], 0.0
+    for k in range(6):
+        ev, end = _batch(t + 0.1, 8, 24, a, 0.0, f"f{k}-")
+        for e in ev:
+            if e["event"] == "finish":
+                e["t"] += 0.2
+        windows.append((t + 0.2, t + 0.4))
+        frozen_events += ev
+        t = end + 0.2
+    assert step(eff.decode_fit([frozen_events])) > 1.3 * a
+    cut = eff.decode_fit([frozen_events], frozen=[windows + windows[:1]])  # a repeated window counts once
+    assert step(cut) == pytest.approx(a, rel=1e-6)
+
+
 def test_against_limit_is_the_simulators_bound_on_the_runs_own_costs():
     """mindspeed-sync (colocated, a rollout barrier) on 1 core: bound = max((W_t + W_r) / D, longest
     per iteration summed), by hand."""
