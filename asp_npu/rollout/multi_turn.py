@@ -162,7 +162,7 @@ def _trajectory(item: PromptItem, idx: int, prompt: list[int], tr: Transcript, r
         reward_failures=failures, policy_version=changes[0][1], policy_version_last=changes[-1][1],
         version_changes=changes, epoch=int(item.meta.get("epoch", 0)), t_submitted=t_submitted,
         t_first_token=first.t_first_token, t_finished=time.time(), loss_mask=tr.mask,
-        turns=tr.turns, tool_calls=tr.tool_calls, tool_failures=tr.tool_failures,
+        turns=tr.turns, tool_calls=tr.tool_calls, tool_failures=tr.tool_failures, tool_s=tr.tool_s,
     )
 
 
