@@ -71,7 +71,8 @@ def test_controller_feeds_whole_trajectories_and_plans_with_the_tool_wait():
     t = pred.predict_trajectories(ids, plens)
     np.testing.assert_allclose(t.turns, [2.5, 1.0])
     s = pred.summary()
-    assert (s["name"], s["trajectories"], s["turns_mean"], s["tool_wait_s_mean"]) == ("trajectory", 4, 1.75, 1.0)
+    assert (s["name"], s["trajectories"], s["turns_mean"]) == ("trajectory", 4, 1.75)
+    assert s["tool_wait_s_mean"] == 1.0
     back = make_run_predictor("history", True, STEP_S)  # a resumed run plans as this one would
     back.load_state_dict(pred.state_dict())
     np.testing.assert_allclose(back.predict_many(ids, plens).q90, got.q90)
