@@ -53,7 +53,7 @@ async def _tool_texts(calls_per_prompt: list[list], withhold: bool, timeout_s: f
     return [list(await asyncio.gather(*(one(c) for c in calls))) for calls in calls_per_prompt]
 
 
-def evaluate(model_dir: str, prompts: list, withhold: bool, cap: int = 64) -> dict[str, float]:
+def evaluate(model_dir: str, prompts: list, withhold: bool, cap: int = 192) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
