@@ -63,6 +63,7 @@ class Trajectory:
     turns: int = 1  # assistant turns (multi-turn rollouts: asp_npu.rollout.multi_turn)
     tool_calls: int = 0  # tool calls run
     tool_failures: int = 0  # of which failed (timeout, crash, output cap, bad or unknown call)
+    tool_s: float = 0.0  # seconds its tool calls took (the trajectory predictor learns them per prompt)
     # ReMax (`adv_estimator: remax`): the reward of one greedy (temperature 0) response to the same
     # prompt, generated beside the group, scored by the same reward function and never trained on;
     # the same on every trajectory of a group. None = no baseline was generated

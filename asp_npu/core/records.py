@@ -80,6 +80,10 @@ class Arrival:
     lens: tuple[int, ...]  # response length of every sample
     prompt_len: int
     filtered: bool = False  # DAPO dynamic sampling discarded it (equal rewards): consumed, not trained
+    # per sample, multi-turn: the model's own tokens (tool outputs excluded), assistant turns, tool-wait s
+    model_lens: tuple[int, ...] = ()
+    turns: tuple[int, ...] = ()
+    tool_s: tuple[float, ...] = ()
 
     @property
     def key(self) -> GroupKey:

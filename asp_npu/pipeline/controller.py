@@ -37,7 +37,8 @@ from asp_npu.pipeline.fleet import Fleet
 from asp_npu.pipeline.recorder import Recorder
 from asp_npu.pipeline.recovery import Supervisor
 from asp_npu.pipeline.validation import Validator
-from asp_npu.predict.factory import make_predictor
+from asp_npu.predict.factory import make_run_predictor
+from asp_npu.predict.trajectory import TrajectoryPredictor
 from asp_npu.schedule.cost import CostModel
 from asp_npu.schedule.planner import PlannerConfig
 from asp_npu.types import PromptItem, TrainBatch
@@ -46,6 +47,19 @@ from asp_npu.weights.refresh import WeightSync, make_weights, refresh_all_and_wa
 WAIT_S = 1.0  # longest block between events (and between looks at `stop_signal`)
 
 __all__ = ["Controller", "window_stream"]
+
+
+def observe_arrival(predictor: Any, r: Arrival) -> None:
+    """Feed a finished group to the predictor: a multi-turn group as whole trajectories (model tokens,
+    turns, tool-wait seconds) when the predictor is the trajectory one, else each response length."""
+    key = r.key
+    if isinstance(predictor, TrajectoryPredictor) and r.turns:
+        n = len(r.turns)
+        predictor.observe_trajectories([key.prompt_id] * n, [key.epoch] * n, list(r.model_lens),
+                                       list(r.turns), list(r.tool_s), [r.prompt_len] * n)
+        return
+    for n in r.lens:
+        predictor.observe(key.prompt_id, key.epoch, int(n), int(r.prompt_len))
 
 
 class Controller:
@@ -65,10 +79,12 @@ class Controller:
         self.recorder = Recorder(cfg, run, sh, label, console, self.derived)
         feed = make_feed(self.mode.dispatch, sh.instances, sh.version_groups)
         self.policy = DispatchPolicy(feed, self.mode, sh.instances, sh.slots)
-        self.predictor = make_predictor(rl.predictor)
         base = PlannerConfig(num_instances=sh.instances, minibatch=sh.minibatch, group_size=sh.group_size,
                              max_num_seqs=sh.slots, max_lag=sh.max_lag,
                              cost=CostModel(rl.plan_cost_a, rl.plan_cost_b, 0.0))
+        # multi-turn: the trajectory predictor, its tool waits counted in the cost model's full-batch steps
+        self.predictor = make_run_predictor(rl.predictor, cfg.multi_turn.enable,
+                                            base.cost.step_seconds(sh.slots))
         self.planner = WindowPlanner(self.mode, sh.group_size, base, self.predictor,
                                      lambda _mean, _plen: self.recorder.train_step_s)
         self.window_items = window_stream(prompts, sh.window, cfg.data.seed)
@@ -182,9 +198,7 @@ class Controller:
             self.supply.filtered += r.filtered
             self.policy.arrived(r.group)
             self.supervisor.arrived(r.instance, r.t)
-            key = r.key
-            for n in r.lens:
-                self.predictor.observe(key.prompt_id, key.epoch, int(n), int(r.prompt_len))
+            observe_arrival(self.predictor, r)
         return rows
 
     # ------------------------------------------------------------------ weights and steps
@@ -246,6 +260,8 @@ class Controller:
                    "consumed_group_ids": resume.consumed_ids(self),
                    "filtered_group_ids": resume.filtered_ids(self),
                    "planned_samples": self.policy.planned_samples(), "failures": self.supervisor.summary()}
+        if isinstance(self.predictor, TrajectoryPredictor):
+            planned["predictor"] = self.predictor.summary()
         summary = self.recorder.finish(stats, self.fleet.series(), t_end, self.step, labels,
                                        self.fleet.placement_summary(), planned)
         errors = [e for s in stats for e in s["errors"]]

@@ -158,7 +158,9 @@ class QueueService:
         self.arrivals.append(Arrival(
             gid, time.time(), t.instance, len(group), tokens,
             tuple(sorted({x.policy_version for x in group})), tuple(x.response_len for x in group),
-            len(t.prompt_token_ids), filtered))
+            len(t.prompt_token_ids), filtered,
+            tuple(sum(x.loss_mask) if x.loss_mask else x.response_len for x in group),
+            tuple(x.turns for x in group), tuple(x.tool_s for x in group)))
         self._notify()
         return len(self.arrivals)
 

@@ -69,6 +69,21 @@ class _PromptMean:
         out[seen] = mean[pos[seen]]
         return out
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every observation as plain arrays (a checkpoint carries them)."""
+        if not self.ids:
+            return {"ids": np.array([], dtype=str), "epochs": np.array([], dtype=np.int64),
+                    "values": np.array([], dtype=np.float64)}
+        return {"ids": np.concatenate(self.ids), "epochs": np.concatenate(self.ep),
+                "values": np.concatenate(self.val)}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.ids, self.ep, self.val = [], [], []
+        ids = np.asarray(state["ids"]).astype(str)
+        if ids.size:
+            self.add(ids, np.asarray(state["epochs"], dtype=np.int64),
+                     np.asarray(state["values"], dtype=np.float64))
+
 
 class TrajectoryPredictor:
     """Wraps a token predictor; observes whole trajectories (see module docstring)."""
@@ -92,6 +107,27 @@ class TrajectoryPredictor:
                                  else np.asarray(prompt_lens))
         self._turns.add(ids, ep, np.asarray(turns, dtype=np.float64))
         self._wait.add(ids, ep, np.asarray(wait_s, dtype=np.float64))
+
+    def state_dict(self) -> dict[str, object]:
+        """What a checkpoint carries: the token predictor's observations, turns and waits (a resumed run
+        plans as this one would)."""
+        inner = self.tokens.state_dict() if hasattr(self.tokens, "state_dict") else None
+        return {"name": self.name, "tokens": inner, "turns": self._turns.state_dict(),
+                "wait_s": self._wait.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        if state.get("tokens") is not None and hasattr(self.tokens, "load_state_dict"):
+            self.tokens.load_state_dict(state["tokens"])
+        self._turns.load_state_dict(state["turns"])  # type: ignore[arg-type]
+        self._wait.load_state_dict(state["wait_s"])  # type: ignore[arg-type]
+
+    def summary(self) -> dict[str, object]:
+        """What it has observed (a run's summary.json records it)."""
+        turns, wait = self._turns.state_dict()["values"], self._wait.state_dict()["values"]
+        return {"name": self.name, "tokens": getattr(self.tokens, "name", type(self.tokens).__name__),
+                "step_s": self.step_s, "trajectories": int(turns.size),
+                "turns_mean": float(turns.mean()) if turns.size else 0.0,
+                "tool_wait_s_mean": float(wait.mean()) if wait.size else 0.0}
 
     def predict_trajectories(self, prompt_ids: ArrayLike, prompt_lens: ArrayLike) -> TrajectoryEstimates:
         ids = np.asarray(prompt_ids).astype(str)

@@ -125,15 +125,15 @@ async def _tool_turn(engine: Any, tr: Transcript, calls: list[ToolCall], spec: M
                      pause: Hook, resume: Hook) -> list[int]:
     """Run the turn's calls (slot given back meanwhile); the tool turn's token ids."""
     allowed = min(spec.max_parallel_calls, spec.max_tool_calls - tr.tool_calls)
-    t0 = time.perf_counter()
     if pause is not None:
         await pause()
+    t0 = time.perf_counter()
     try:
         results = await asyncio.gather(*(_call(c, spec, k < allowed) for k, c in enumerate(calls)))
     finally:
+        tr.tool_s += time.perf_counter() - t0  # the calls only (not the wait for a slot after them)
         if resume is not None:
             await resume()
-    tr.tool_s += time.perf_counter() - t0
     tr.tool_calls += min(len(calls), allowed)
     tr.tool_failures += sum(1 for r in results if not r.ok)
     outs = [truncate(r.text, spec.max_tool_response_length, spec.tool_response_truncate_side)
@@ -162,7 +162,7 @@ def _trajectory(item: PromptItem, idx: int, prompt: list[int], tr: Transcript, r
         reward_failures=failures, policy_version=changes[0][1], policy_version_last=changes[-1][1],
         version_changes=changes, epoch=int(item.meta.get("epoch", 0)), t_submitted=t_submitted,
         t_first_token=first.t_first_token, t_finished=time.time(), loss_mask=tr.mask,
-        turns=tr.turns, tool_calls=tr.tool_calls, tool_failures=tr.tool_failures,
+        turns=tr.turns, tool_calls=tr.tool_calls, tool_failures=tr.tool_failures, tool_s=tr.tool_s,
     )
 
 

@@ -76,8 +76,12 @@ def evaluate(
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    answer_len = {p.prompt_id: len(tok.encode(str(p.ground_truth), add_special_tokens=False))
-                  for p in prompts}
+
+    def target(p: Any) -> str:  # a calc prompt's first turn is its tool call (~70 tokens), not the answer
+        calc = str(p.meta.get("data_source", "")) == "asp/calc"
+        return calc_call(p.text or "") if calc else str(p.ground_truth)
+
+    answer_len = {p.prompt_id: len(tok.encode(target(p), add_special_tokens=False)) for p in prompts}
     ordered = sorted(prompts, key=lambda p: answer_len[p.prompt_id])
     exact, partial, lengths = [], [], []
     for i in range(0, len(ordered), batch_size):

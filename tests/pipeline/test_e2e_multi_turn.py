@@ -61,3 +61,11 @@ def test_every_token_within_the_lag_bound_and_every_sample_once(run):
             assert lo < (ch[k + 1][0] if k + 1 < len(ch) else max(1, s["response_len"])), s
     keys = [(s["prompt_id"], s["epoch"], s["sample_idx"]) for s in samples]
     assert len(keys) == len(set(keys))
+
+
+def test_the_planner_predicted_with_the_trajectory_predictor(run):
+    """The run's predictor is the trajectory one, fed whole trajectories: turns and tool waits seen."""
+    pred = json.loads((run / rd.SUMMARY).read_text())["predictor"]
+    assert pred["name"] == "trajectory" and pred["tokens"] == "history" and pred["step_s"] > 0
+    assert 0 < pred["trajectories"] <= 2 * 16 and pred["trajectories"] % 4 == 0  # whole groups, at most once
+    assert pred["turns_mean"] > 1 and pred["tool_wait_s_mean"] > 0  # calls made, the calculator waited on

@@ -93,6 +93,7 @@ def test_tool_output_is_in_the_context_and_masked_out():
     tool_text = tool_turn_text(eng.tokenizer, [str(A * B)])
     n1, n_tool = len(CALL) + 1, len(tool_text)
     assert (t.turns, t.tool_calls, t.tool_failures, t.finish_reason, t.reward) == (2, 1, 0, "stop", 1.0)
+    assert t.tool_s > 0  # the seconds it waited on the calculator (the trajectory predictor learns them)
     assert t.loss_mask == [1] * n1 + [0] * n_tool + [1] * (t.response_len - n1 - n_tool)
     masked = [tok for tok, m in zip(t.response_token_ids, t.loss_mask, strict=True) if not m]
     assert eng.tokenizer.decode(masked) == tool_text and str(A * B) in tool_text
