@@ -108,7 +108,8 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Devic
         out["core_sharing"] = sharing
     # the bound on the devices this run has (a sweep point has its own count)
     on_devices = replace(preset, cluster=replace(preset.cluster, devices=layout.devices))
-    bound = limit(on_devices, workload, spec.colocated, spec.barrier)
+    lag = spec.max_token_lag if spec.partial_rollout else spec.max_lag
+    bound = limit(on_devices, workload, spec.colocated, spec.barrier, lag, spec.version_groups)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
     out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
     out["limit"] = bound.as_dict()
