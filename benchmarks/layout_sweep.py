@@ -25,8 +25,7 @@ BASELINES = ("mindspeed-sync", "verl-sync", "one-step-off", "async-fifo", "sorte
 
 
 def _split(r) -> str:  # noqa: ANN001 - a ModeRun
-    lay = r.layout
-    return f"{lay.instances} x {lay.instance_devices} + {lay.trainer_devices}T"
+    return str(r.layout.describe())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asp_npu.sim.modes import candidate_splits
+from asp_npu.sim.modes import candidate_splits, pipeline_factor
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload
 
@@ -138,7 +138,11 @@ def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool,
         best = float("inf")
         for lay in candidate_splits(preset):
             t = lay.trainer_devices
-            usable = t - t % c.train_dp_devices if t >= c.train_dp_devices else t
+            if lay.trainer_tp:  # a legal shape: whole, slowed by its pipeline
+                dp = t // (lay.trainer_tp * lay.trainer_pp)
+                usable = t / pipeline_factor(preset, lay.trainer_tp, lay.trainer_pp, dp)
+            else:
+                usable = t - t % c.train_dp_devices if t >= c.train_dp_devices else t
             best = min(best, max(w_t / usable, w_r / (lay.instances * lay.instance_devices)))
         work = best
     longest_per_group = alone.max(axis=1)

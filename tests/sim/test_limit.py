@@ -87,3 +87,34 @@ def test_a_lag_bounded_run_reports_its_lag_floor() -> None:
     lag, token_lag = r.result.spec.max_lag, pr.result.spec.max_token_lag
     assert fp * (token_lag + 1) == pytest.approx(f * (lag + 1))
     assert r.metrics["iteration_time_mean_s"] >= f  # a schedule respecting the lag cannot beat it here
+
+
+def test_trainer_shapes_give_only_legal_trainers_and_charge_their_pipeline() -> None:
+    """`cluster.trainer_shapes`: every candidate trainer is DP copies of a listed TP x PP shape with DP
+    dividing the step's micro-batches; a pipeline pays stage imbalance x 1F1B bubble, in the run's cost
+    and in the split bound alike; without shapes the candidates are the old whole DP ranks."""
+    from asp_npu.sim.modes import candidate_splits, pipeline_factor, trainer_cost
+    from asp_npu.sim.preset import validate
+
+    base = load_preset("paper")
+    assert base.cluster.trainer_shapes  # the preset lists its checked shapes
+    for lay in candidate_splits(base, 20):
+        size = lay.trainer_tp * lay.trainer_pp
+        assert f"{lay.trainer_tp}x{lay.trainer_pp}" in base.cluster.trainer_shapes
+        assert lay.trainer_devices % size == 0 and 256 % (lay.trainer_devices // size) == 0
+    assert [lay.trainer_devices for lay in candidate_splits(base, 20)] == [18, 16, 14, 12, 10, 8]
+    # 28 layers over PP3: stages of 10, 9, 9 -> 10 / (28 / 3); 256 micro-batches: bubble (256 + 2) / 256
+    assert pipeline_factor(base, 4, 3, 1) == pytest.approx(10 / (28 / 3) * 258 / 256)
+    assert pipeline_factor(base, 2, 7, 2) == pytest.approx(1 * (128 + 6) / 128)
+    assert pipeline_factor(base, 4, 1, 4) == 1.0
+    lay = DeviceSplit(20, 4, 2, 12, 4, 3)
+    c = trainer_cost(base, base.cost, lay)
+    assert c.train_dp_devices == 12 and c.train_s_per_token == pytest.approx(
+        base.cost.train_s_per_token * pipeline_factor(base, 4, 3, 1))
+    old = replace(base, cluster=replace(base.cluster, trainer_shapes=None))
+    assert [lay.trainer_devices for lay in candidate_splits(old, 20)] == [16, 12, 8]
+    assert all(lay.trainer_tp == 0 for lay in candidate_splits(old, 20))
+    bad = replace(base, cluster=replace(base.cluster, trainer_shapes=["4x"]))
+    assert any("trainer_shapes: '4x'" in b for b in validate(bad))
+    bad = replace(base, cluster=replace(base.cluster, trainer_layers=0))
+    assert any("trainer_layers" in b for b in validate(bad))
