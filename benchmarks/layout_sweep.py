@@ -28,11 +28,18 @@ def _split(r) -> str:  # noqa: ANN001 - a ModeRun
     return str(r.layout.describe())
 
 
+def _partial(r) -> str:  # noqa: ANN001 - a ModeRun or None
+    if r is None:
+        return "not run"
+    return f"{_split(r)}, {r.metrics['throughput_tokens_per_s']:.0f}, {r.metrics['efficiency_hardware']:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--costs", default="3.4e-3,8.1e-4")
     ap.add_argument("--instances", default="1,2,4,8,16")
+    ap.add_argument("--no-partial", action="store_true", help="skip the partial-rollout column (half the time)")
     a = ap.parse_args(argv)
     try:
         costs = [float(x) for x in a.costs.split(",")]
@@ -54,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             asp = simulate(preset, workload, "asp", instances=k)
             runs = {m: simulate(preset, workload, m, instances=k) for m in BASELINES}
             best = max(runs, key=lambda m: runs[m].metrics["throughput_tokens_per_s"])
-            pr = simulate(partial, workload, "asp", instances=k)
+            pr = None if a.no_partial else simulate(partial, workload, "asp", instances=k)
             m, b = asp.metrics, runs[best].metrics
             tps, btps = m["throughput_tokens_per_s"], b["throughput_tokens_per_s"]
             lim = m["limit"]
@@ -63,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {c} | {k} | {asp.layout.devices} | {_split(asp)} | {tps:.0f} | "
                   f"{btps:.0f} ({best}) | {100 * (tps / btps - 1):+.1f}% | {m['efficiency']:.3f} | "
                   f"{m['efficiency_hardware']:.3f} | "
-                  f"{floor:.3f} | {_split(pr)}, {pr.metrics['throughput_tokens_per_s']:.0f}, "
-                  f"{pr.metrics['efficiency_hardware']:.3f} |", flush=True)
+                  f"{floor:.3f} | {_partial(pr)} |", flush=True)
     print(f"({time.time() - t0:.0f} s)", file=sys.stderr)
     return 0
 
