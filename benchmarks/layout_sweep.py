@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--costs", default="3.4e-3,8.1e-4")
     ap.add_argument("--instances", default="1,2,4,8,16")
-    ap.add_argument("--no-partial", action="store_true", help="skip the partial-rollout column (half the time)")
+    ap.add_argument("--no-partial", action="store_true", help="skip the partial-rollout column")
     a = ap.parse_args(argv)
     try:
         costs = [float(x) for x in a.costs.split(",")]
