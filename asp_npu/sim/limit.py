@@ -14,6 +14,13 @@ Every term is a time no schedule on these devices can beat, under the preset's o
   barrier (iteration `i + 1` starts generating when iteration `i` is generated: synchronous modes,
   one-step-off) the iterations' longest samples add up.
 
+`lag_floor_s` (a diagnostic, not part of either bound): under a policy-lag bound a group must be
+consumed within `max_lag + 1` weights versions of the version it was admitted with, so a sample that
+takes `L` seconds even at batch 1 forces `max_lag + 1` consecutive versions to span at least `L`
+(partial rollout: its oldest token within `max_token_lag + 1` versions). With a length-capped sample
+in every iteration and admission in data order, the versions then average at least `L / (lag + 1)`.
+It says when a lag-bounded pipeline cannot reach `hardware_s` whatever its split or schedule.
+
 `hardware_s` drops what is the mode's own structure (the split, the barrier): `max((W_t + W_r) / D,
 the longest sample)`, the same for every mode -- how far a mode is from what the devices allow.
 Multi-turn trajectories: the rollout work adds the prefill of every tool output and each turn's
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asp_npu.sim.modes import candidate_splits
+from asp_npu.sim.modes import candidate_splits, pipeline_factor
 from asp_npu.sim.preset import Preset
 from asp_npu.sim.workload import Workload
 
@@ -46,6 +53,7 @@ class Limit:
     longest_s: float  # the longest sample(s) at batch 1 (summed per iteration under a barrier)
     iterations: int
     hardware_s: float = 0.0  # any mode on these devices: max((W_t + W_r) / D, the longest sample)
+    lag_floor_s: float = 0.0  # diagnostic: the longest sample spread over the lag bound's versions (0: none)
 
     @property
     def run_s(self) -> float:
@@ -59,10 +67,15 @@ class Limit:
     def hardware_iteration_s(self) -> float:
         return self.hardware_s / max(1, self.iterations)
 
+    @property
+    def lag_floor_iteration_s(self) -> float:
+        return self.lag_floor_s / max(1, self.iterations)
+
     def as_dict(self) -> dict[str, float]:
         return {
             "iteration_s": self.iteration_s,
             "hardware_iteration_s": self.hardware_iteration_s,
+            "lag_floor_iteration_s": self.lag_floor_iteration_s,
             "work_s": self.work_s,
             "longest_sample_s": self.longest_s,
             "train_device_s": self.train_device_s,
@@ -106,8 +119,12 @@ def _turn_kv_steps(workload: Workload, prompt: np.ndarray) -> np.ndarray:
     return steps
 
 
-def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) -> Limit:
-    """The bound of one mode (colocated or not, with or without a rollout barrier) on the preset's devices."""
+def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool,
+          lag: int | None = None, version_groups: int = 0) -> Limit:
+    """The bound of one mode (colocated or not, with or without a rollout barrier) on the preset's devices.
+
+    `lag` (versions a group may wait, partial rollout: its token-lag bound) and `version_groups` (groups per
+    weights version) give the diagnostic `lag_floor_s`; without them it is 0."""
     c, cl = preset.cost, preset.cluster
     seq_tokens = float(workload.response_len.sum() + workload.prompt_len.sum() * workload.group_size)
     if workload.turns is not None:
@@ -121,7 +138,11 @@ def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) ->
         best = float("inf")
         for lay in candidate_splits(preset):
             t = lay.trainer_devices
-            usable = t - t % c.train_dp_devices if t >= c.train_dp_devices else t
+            if lay.trainer_tp:  # a legal shape: whole, slowed by its pipeline
+                dp = t // (lay.trainer_tp * lay.trainer_pp)
+                usable = t / pipeline_factor(preset, lay.trainer_tp, lay.trainer_pp, dp)
+            else:
+                usable = t - t % c.train_dp_devices if t >= c.train_dp_devices else t
             best = min(best, max(w_t / usable, w_r / (lay.instances * lay.instance_devices)))
         work = best
     longest_per_group = alone.max(axis=1)
@@ -132,4 +153,8 @@ def limit(preset: Preset, workload: Workload, colocated: bool, barrier: bool) ->
     else:
         longest = float(longest_per_group.max())
     hardware = max((w_t + w_r) / cl.devices, float(longest_per_group.max()))
-    return Limit(w_t, w_r, work, longest, workload.num_iterations, hardware)
+    lag_floor = 0.0
+    if lag is not None and version_groups > 0 and not barrier:
+        versions = workload.num_groups / version_groups
+        lag_floor = float(longest_per_group.max()) * versions / (lag + 1)
+    return Limit(w_t, w_r, work, longest, workload.num_iterations, hardware, lag_floor)

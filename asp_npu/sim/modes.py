@@ -25,7 +25,8 @@ Every mode gets the same devices and the same prompts. Disaggregated modes all u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from asp_npu.core.staleness import TOKEN_LAG_FACTOR
 from asp_npu.errors import UserError
 from asp_npu.sim.cost import SimCost
 from asp_npu.sim.engine import RunSpec, UnitSource
-from asp_npu.sim.preset import Preset
+from asp_npu.sim.preset import Preset, parse_shapes
 from asp_npu.sim.workload import Workload
 
 # partial rollout's default bound on the oldest token: 4 x max_lag (`asp_npu.core.staleness`, shared
@@ -54,6 +55,57 @@ class DeviceSplit:
     instances: int
     instance_devices: int
     trainer_devices: int
+    trainer_tp: int = 0  # with `cluster.trainer_shapes`: the trainer's TP x PP shape (0: DP ranks of
+    trainer_pp: int = 1  # `cost.train_dp_devices` devices, the model without shapes)
+
+    def describe(self) -> str:
+        t = f"{self.trainer_devices}T"
+        if self.trainer_tp:
+            dp = self.trainer_devices // (self.trainer_tp * self.trainer_pp)
+            t += f" (TP{self.trainer_tp} x PP{self.trainer_pp} x DP{dp})"
+        return f"{self.instances} x {self.instance_devices} + {t}"
+
+
+def micro_batches_per_step(preset: Preset) -> int:
+    """Micro-batches of one asynchronous trainer step over all DP ranks (minibatch / micro_batch_size)."""
+    return max(1, preset.rl.mini_batch_size // max(1, preset.cost.micro_batch_size))
+
+
+def pipeline_factor(preset: Preset, tp: int, pp: int, dp: int) -> float:
+    """How much longer a TP x PP x DP trainer takes than its devices' ideal: the pipeline's slowest stage
+    (the most layers a stage holds over the mean) times the 1F1B bubble `(m + pp - 1) / m` over the
+    `m` micro-batches each DP rank runs per step."""
+    if pp <= 1:
+        return 1.0
+    layers = preset.cluster.trainer_layers
+    imbalance = math.ceil(layers / pp) / (layers / pp)
+    m = max(1, micro_batches_per_step(preset) // dp)
+    return imbalance * (m + pp - 1) / m
+
+
+def trainer_shape(preset: Preset, t_dev: int) -> tuple[int, int, float] | None:
+    """The best legal (TP, PP, factor) for `t_dev` trainer devices under `cluster.trainer_shapes`:
+    DP copies of one shape, DP dividing the step's micro-batches; None when no shape fits."""
+    best: tuple[int, int, float] | None = None
+    mbs = micro_batches_per_step(preset)
+    for tp, pp in parse_shapes(preset.cluster.trainer_shapes):
+        size = tp * pp
+        if t_dev % size or mbs % (t_dev // size):
+            continue
+        f = pipeline_factor(preset, tp, pp, t_dev // size)
+        if best is None or f < best[2] - 1e-12:
+            best = (tp, pp, f)
+    return best
+
+
+def trainer_cost(preset: Preset, cost: SimCost, lay: DeviceSplit) -> SimCost:
+    """The cost a layout's trainer runs at: one DP rank = its TP x PP devices, slowed by its pipeline."""
+    if not lay.trainer_tp:
+        return cost
+    dp = lay.trainer_devices // (lay.trainer_tp * lay.trainer_pp)
+    f = pipeline_factor(preset, lay.trainer_tp, lay.trainer_pp, dp)
+    return replace(cost, train_dp_devices=lay.trainer_tp * lay.trainer_pp,
+                   train_s_per_token=cost.train_s_per_token * f)
 
 
 def predicted_stage_seconds(
@@ -83,6 +135,14 @@ def candidate_splits(preset: Preset, devices: int | None = None) -> list[DeviceS
     devices = devices or cl.devices
     dp = preset.cost.train_dp_devices
     out = []
+    if cl.trainer_shapes is not None:  # only the trainer's legal shapes
+        for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1):
+            t_dev = devices - k * cl.infer_tp
+            shape = trainer_shape(preset, t_dev)
+            if shape is not None:
+                out.append(DeviceSplit(devices, k, cl.infer_tp, t_dev, shape[0], shape[1]))
+        if out:
+            return out
     for k in range(1, (devices - cl.min_trainer_devices) // cl.infer_tp + 1):
         t_dev = devices - k * cl.infer_tp
         if t_dev % dp == 0 or t_dev < dp:

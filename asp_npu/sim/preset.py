@@ -32,6 +32,12 @@ class Cluster:
     min_trainer_devices: int = 8  # smallest trainer that holds the model + optimizer (disaggregated)
     sweep_trainer_devices: int = 16  # trainer size held fixed in the --instances sweep
     split: str = "rule"  # disaggregated device split: rule (balance predicted stages) | search (simulate all)
+    # the trainer's legal parallel shapes, "TPxPP" each (those `asp-npu check` fits in memory); a split's
+    # trainer is then DP copies of one shape, DP dividing the minibatch's micro-batches (megatron), and a
+    # pipeline pays its stage imbalance (most layers of a stage over the mean, `trainer_layers`) and its
+    # 1F1B bubble. None: any whole number of `cost.train_dp_devices`-device ranks, nothing charged.
+    trainer_shapes: list[str] | None = None
+    trainer_layers: int = 0  # the model's transformer layers (trainer_shapes' stage imbalance)
 
 
 @dataclass(frozen=True)
@@ -273,6 +279,29 @@ def _workload_problems(w: WorkloadSpec) -> list[str]:
     return []
 
 
+def parse_shapes(shapes: list[str] | None) -> list[tuple[int, int]]:
+    """`cluster.trainer_shapes` as (TP, PP) pairs (validated by `trainer_shape_problems`)."""
+    out = []
+    for x in shapes or []:
+        tp, pp = str(x).lower().split("x")
+        out.append((int(tp), int(pp)))
+    return out
+
+
+def trainer_shape_problems(c: Cluster) -> list[str]:
+    if c.trainer_shapes is None:
+        return []
+    if not isinstance(c.trainer_shapes, list) or not c.trainer_shapes:
+        return [f"cluster.trainer_shapes: expected a non-empty list of 'TPxPP' (got {c.trainer_shapes!r})"]
+    for x in c.trainer_shapes:
+        parts = str(x).lower().split("x")
+        if len(parts) != 2 or not all(q.isdigit() and int(q) >= 1 for q in parts):
+            return [f"cluster.trainer_shapes: '{x}' is not TPxPP with TP, PP >= 1 (e.g. 4x1, 2x7)"]
+    if c.trainer_layers < 1:
+        return [f"cluster.trainer_layers must be >= 1 with trainer_shapes (got {c.trainer_layers})"]
+    return []
+
+
 def validate(p: Preset) -> list[str]:
     """Every problem of a preset, one line each (numbers first: the rest assumes they are numbers)."""
     bad = [x for sec in ("cluster", "workload", "rl", "cost") for x in _number_problems(sec, getattr(p, sec))]
@@ -290,6 +319,7 @@ def _cluster_problems(c: Cluster) -> list[str]:
            if getattr(c, name) < 1]
     if c.split not in ("rule", "search"):
         bad.append(f"cluster.split must be rule|search (got {c.split!r})")
+    bad += trainer_shape_problems(c)
     if c.devices < c.infer_tp + c.min_trainer_devices:
         bad.append(
             f"cluster.devices ({c.devices}) cannot hold one instance (infer_tp={c.infer_tp}) and "

@@ -26,6 +26,7 @@ from asp_npu.sim.modes import (
     pull_source,
     run_spec,
     static_source,
+    trainer_cost,
 )
 from asp_npu.sim.planned import PlannedSource, planner_config
 from asp_npu.sim.preset import Preset
@@ -81,7 +82,8 @@ def simulate(preset: Preset, workload: Workload, mode: str, instances: int | Non
         tried = [simulate_layout(preset, workload, mode, lay) for lay in candidate_splits(preset, devices)]
         best = max(tried, key=lambda r: r.metrics["throughput_tokens_per_s"])
         best.metrics["split_search"] = {
-            f"{r.layout.instances}x{r.layout.instance_devices}+{r.layout.trainer_devices}T": round(
+            f"{r.layout.instances}x{r.layout.instance_devices}+{r.layout.trainer_devices}T"
+            + (f" TP{r.layout.trainer_tp}xPP{r.layout.trainer_pp}" if r.layout.trainer_tp else ""): round(
                 r.metrics["throughput_tokens_per_s"], 1
             )
             for r in tried
@@ -98,6 +100,7 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Devic
 
     def once(cost: SimCost) -> RunResult:
         units_for, on_done, n_windows = work_source(preset, workload, mode, spec, layout)
+        cost = trainer_cost(preset, cost, layout)  # a pipelined trainer shape pays its stages and bubble
         return Simulation(spec, workload, cost, units_for, on_done, n_windows).run()
 
     res, sharing = simulate_shared(preset.cost, spec.colocated, once,
@@ -108,7 +111,8 @@ def simulate_layout(preset: Preset, workload: Workload, mode: str, layout: Devic
         out["core_sharing"] = sharing
     # the bound on the devices this run has (a sweep point has its own count)
     on_devices = replace(preset, cluster=replace(preset.cluster, devices=layout.devices))
-    bound = limit(on_devices, workload, spec.colocated, spec.barrier)
+    lag = spec.max_token_lag if spec.partial_rollout else spec.max_lag
+    bound = limit(on_devices, workload, spec.colocated, spec.barrier, lag, spec.version_groups)
     out["efficiency"] = out["iteration_time_mean_s"] / bound.iteration_s if bound.iteration_s > 0 else 1.0
     out["efficiency_hardware"] = out["iteration_time_mean_s"] / bound.hardware_iteration_s
     out["limit"] = bound.as_dict()

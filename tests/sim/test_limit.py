@@ -54,3 +54,67 @@ def test_limit_is_tight_on_a_balanced_split() -> None:
     assert b.iteration_s == pytest.approx(25.6)
     r = simulate_layout(p, w, "async-fifo", DeviceSplit(2, 1, 1, 1))
     assert r.metrics["efficiency"] == pytest.approx((iters + 1) / iters)
+
+
+def test_lag_floor_spreads_the_longest_sample_over_the_lag_bound() -> None:
+    """The diagnostic lag floor: the longest sample at batch 1 over `lag + 1` weights versions, per
+    version; 0 without a lag or under a rollout barrier, and never part of `iteration_s` / `hardware_s`."""
+    p = load_preset("tiny")
+    lengths = np.full((16, 4), 10)
+    lengths[3, 2] = 200  # one straggler
+    w = from_arrays(lengths, prompt_len=5, prompts_per_iteration=8)
+    plain = limit(p, w, colocated=False, barrier=False)
+    assert plain.lag_floor_s == 0.0
+    b = limit(p, w, colocated=False, barrier=False, lag=1, version_groups=4)  # 4 versions, 2 per iteration
+    c = p.cost
+    kv = c.decode_c * (200 * 5 + 200 * 199 / 2)
+    alone = 200 * (c.decode_a + c.decode_b) + kv + c.prefill_s_per_token * 5
+    assert b.lag_floor_s == pytest.approx(alone * 4 / 2)
+    assert b.lag_floor_iteration_s == pytest.approx(alone * 4 / 2 / w.num_iterations)
+    assert (b.work_s, b.longest_s, b.hardware_s) == (plain.work_s, plain.longest_s, plain.hardware_s)
+    assert limit(p, w, colocated=False, barrier=True, lag=0, version_groups=8).lag_floor_s == 0.0
+
+
+def test_a_lag_bounded_run_reports_its_lag_floor() -> None:
+    """`simulate_layout` passes the mode's lag (partial rollout: the token-lag bound) to the floor."""
+    p = load_preset("tiny")
+    w = from_arrays(np.array([[10, 10, 10, 300]] * 16), prompt_len=5, prompts_per_iteration=8)
+    lay = DeviceSplit(p.cluster.devices, 1, p.cluster.infer_tp, p.cluster.devices - p.cluster.infer_tp)
+    r = simulate_layout(p, w, "async-fifo", lay)
+    pr = simulate_layout(replace(p, rl=replace(p.rl, partial_rollout=True)), w, "async-fifo", lay)
+    f, fp = r.metrics["limit"]["lag_floor_iteration_s"], pr.metrics["limit"]["lag_floor_iteration_s"]
+    assert f > 0 and fp > 0
+    lag, token_lag = r.result.spec.max_lag, pr.result.spec.max_token_lag
+    assert fp * (token_lag + 1) == pytest.approx(f * (lag + 1))
+    assert r.metrics["iteration_time_mean_s"] >= f  # a schedule respecting the lag cannot beat it here
+
+
+def test_trainer_shapes_give_only_legal_trainers_and_charge_their_pipeline() -> None:
+    """`cluster.trainer_shapes`: every candidate trainer is DP copies of a listed TP x PP shape with DP
+    dividing the step's micro-batches; a pipeline pays stage imbalance x 1F1B bubble, in the run's cost
+    and in the split bound alike; without shapes the candidates are the old whole DP ranks."""
+    from asp_npu.sim.modes import candidate_splits, pipeline_factor, trainer_cost
+    from asp_npu.sim.preset import validate
+
+    base = load_preset("paper")
+    assert base.cluster.trainer_shapes  # the preset lists its checked shapes
+    for lay in candidate_splits(base, 20):
+        size = lay.trainer_tp * lay.trainer_pp
+        assert f"{lay.trainer_tp}x{lay.trainer_pp}" in base.cluster.trainer_shapes
+        assert lay.trainer_devices % size == 0 and 256 % (lay.trainer_devices // size) == 0
+    assert [lay.trainer_devices for lay in candidate_splits(base, 20)] == [18, 16, 14, 12, 10, 8]
+    # 28 layers over PP3: stages of 10, 9, 9 -> 10 / (28 / 3); 256 micro-batches: bubble (256 + 2) / 256
+    assert pipeline_factor(base, 4, 3, 1) == pytest.approx(10 / (28 / 3) * 258 / 256)
+    assert pipeline_factor(base, 2, 7, 2) == pytest.approx(1 * (128 + 6) / 128)
+    assert pipeline_factor(base, 4, 1, 4) == 1.0
+    lay = DeviceSplit(20, 4, 2, 12, 4, 3)
+    c = trainer_cost(base, base.cost, lay)
+    assert c.train_dp_devices == 12 and c.train_s_per_token == pytest.approx(
+        base.cost.train_s_per_token * pipeline_factor(base, 4, 3, 1))
+    old = replace(base, cluster=replace(base.cluster, trainer_shapes=None))
+    assert [lay.trainer_devices for lay in candidate_splits(old, 20)] == [16, 12, 8]
+    assert all(lay.trainer_tp == 0 for lay in candidate_splits(old, 20))
+    bad = replace(base, cluster=replace(base.cluster, trainer_shapes=["4x"]))
+    assert any("trainer_shapes: '4x'" in b for b in validate(bad))
+    bad = replace(base, cluster=replace(base.cluster, trainer_layers=0))
+    assert any("trainer_layers" in b for b in validate(bad))
