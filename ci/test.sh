@@ -11,9 +11,10 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_
 .venv/bin/ruff check asp_npu tests || { echo "ci/test.sh: ruff found problems" >&2; exit 1; }
 $PY -m mypy || { echo "ci/test.sh: mypy found type errors (config: pyproject.toml [tool.mypy])" >&2; exit 1; }
 # Two workers (ASP_NPU_TEST_WORKERS=0: one process): a real-engine test keeps ~55% of the 2 cores busy.
-# One file per worker at a time, so a module's engines and Ray cluster stay in one process.
+# One file per worker at a time, so a module's engines and Ray cluster stay in one process; files
+# in the order tests/conftest.py sets (longest first).
 workers=${ASP_NPU_TEST_WORKERS:-2}
-xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile)
+xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 $PY -m pytest -q -p no:cacheprovider --timeout=900 --durations=25 "${xdist[@]}" "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

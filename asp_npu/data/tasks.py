@@ -187,15 +187,19 @@ def calc_call(prompt: str) -> str:
     return render_tool_call("calculator", {"expression": prompt.removeprefix("Compute ").rstrip(".")})
 
 
-def tool_transcript_ids(item: PromptItem, tokenizer: Any) -> list[int]:
+def tool_transcript(item: PromptItem, tokenizer: Any) -> tuple[list[int], list[int]]:
     """A calc prompt's whole multi-turn response as token ids, tokenized turn by turn exactly as the
-    rollout builds it: the call + EOS, the chat template's tool turn, the answer + EOS (SFT target)."""
+    rollout builds it (the call + EOS, the chat template's tool turn, the answer + EOS: the SFT target),
+    and its loss mask as the rollout records it (0 on the tool turn: the model never predicts a tool's
+    output, so neither SFT nor RL trains on it)."""
     from asp_npu.data.tool_format import tool_turn_text
 
     eos = tokenizer.eos_token_id
     enc = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    return (enc(calc_call(item.text or "")) + [eos] + enc(tool_turn_text(tokenizer, [str(item.ground_truth)]))
-            + enc(str(item.ground_truth)) + [eos])
+    call = enc(calc_call(item.text or "")) + [eos]
+    tool = enc(tool_turn_text(tokenizer, [str(item.ground_truth)]))
+    answer = enc(str(item.ground_truth)) + [eos]
+    return call + tool + answer, [1] * len(call) + [0] * len(tool) + [1] * len(answer)
 
 
 def answer_items(task: str, answer: str) -> list[str]:

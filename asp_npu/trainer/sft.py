@@ -22,17 +22,20 @@ from asp_npu.config import Config
 from asp_npu.trainer.start import RankStart
 from asp_npu.types import PromptItem, TrainBatch, Trajectory
 
+Example = tuple[list[int], list[int], list[int]]  # prompt ids, response ids, loss mask ([] = every token)
 
-def training_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids + eos) pairs from the task generator, answers capped at sft.max_items; a
-    tool task's answer is its whole multi-turn transcript (call, tool turn, answer: the call format)."""
+
+def training_examples(cfg: Config, tokenizer: Any) -> list[Example]:
+    """(prompt ids, answer ids + eos, loss mask) from the task generator, answers capped at
+    sft.max_items; a tool task's answer is its whole multi-turn transcript (call, tool turn, answer: the
+    call format), its tool turn masked out of the loss as in RL."""
     from asp_npu.data.datasets import encode_prompt
     from asp_npu.data.tasks import (
         DEFAULT_MAX_ITEMS,
         TOOL_TASKS,
         LengthDist,
         make_prompts,
-        tool_transcript_ids,
+        tool_transcript,
     )
 
     s = cfg.sft
@@ -41,19 +44,21 @@ def training_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list
     items = make_prompts(task, s.num_examples, seed=s.seed, dist=LengthDist(max_items=max(1, cap)))
     eos = tokenizer.eos_token_id
     if task in TOOL_TASKS:
-        return [(encode_prompt(it, tokenizer), tool_transcript_ids(it, tokenizer)) for it in items]
+        return [(encode_prompt(it, tokenizer), *tool_transcript(it, tokenizer)) for it in items]
     return [
         (
             encode_prompt(it, tokenizer),
             list(tokenizer.encode(str(it.ground_truth), add_special_tokens=False)) + [eos],
+            [],
         )
         for it in items
     ]
 
 
-def to_batch(pairs: list[tuple[list[int], list[int]]]) -> TrainBatch:
+def to_batch(examples: list[Example]) -> TrainBatch:
     trajs = [
-        Trajectory(f"sft-{i}", 0, p, r, [0.0] * len(r), "stop", 0.0, 0) for i, (p, r) in enumerate(pairs)
+        Trajectory(f"sft-{i}", 0, p, r, [0.0] * len(r), "stop", 0.0, 0, loss_mask=list(m))
+        for i, (p, r, m) in enumerate(examples)
     ]
     return TrainBatch(trajs, group_size=1)
 
@@ -149,7 +154,7 @@ def warm_start(
     start = start or RankStart.of(cfg)
     src = start.policy_path
     tok = AutoTokenizer.from_pretrained(src)
-    pairs = training_examples(cfg, tok)
+    examples = training_examples(cfg, tok)
     eval_set = config_prompts(cfg.data)[: s.eval_prompts]
     max_new = cfg.generate_config.sampling_config.max_tokens
     evals = [{"step": 0, **evaluate(src, eval_set, max_new)}]
@@ -160,7 +165,7 @@ def warm_start(
     out.parent.mkdir(parents=True, exist_ok=True)
     eval_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".eval", dir=out.parent))
     try:  # the model evaluated mid-run gets a unique name, removed at the end
-        metrics, losses = _train(cfg, group, src, pairs, steps, eval_dir / "model", eval_set, evals, log)
+        metrics, losses = _train(cfg, group, src, examples, steps, eval_dir / "model", eval_set, evals, log)
         save_hf_folder(group.get_hf_weights(), src, out, cfg.model.dtype)
     finally:
         group.shutdown()
@@ -192,10 +197,10 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
-def _train(cfg: Config, group: Any, src: str, pairs: list[Any], steps: int, tmp_eval: Path,
+def _train(cfg: Config, group: Any, src: str, examples: list[Any], steps: int, tmp_eval: Path,
            eval_set: list[Any], evals: list[dict[str, Any]], log: Any
            ) -> tuple[dict[str, float], list[float]]:
-    """The SFT steps over shuffled passes of `pairs`, evaluated every `sft.eval_every` steps (appended
+    """The SFT steps over shuffled passes of `examples`, evaluated every `sft.eval_every` steps (appended
     to `evals`); returns the last step's metrics and every step's loss."""
     from asp_npu.trainer.hf_export import save_hf_folder
 
@@ -208,9 +213,9 @@ def _train(cfg: Config, group: Any, src: str, pairs: list[Any], steps: int, tmp_
     order: list[int] = []
     for step in range(1, steps + 1):
         if len(order) < s.batch_size:
-            order += rng.sample(range(len(pairs)), len(pairs))
+            order += rng.sample(range(len(examples)), len(examples))
         picked, order = order[: s.batch_size], order[s.batch_size :]
-        metrics = group.sft_step(to_batch([pairs[i] for i in picked]), lr_at(step, steps, s.lr))
+        metrics = group.sft_step(to_batch([examples[i] for i in picked]), lr_at(step, steps, s.lr))
         losses.append(metrics["loss"])
         if step % 10 == 0 or step == steps:
             log(f"sft: step {step}/{steps} loss={metrics['loss']:.4f} "

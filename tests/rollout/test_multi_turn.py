@@ -200,12 +200,13 @@ def test_tool_turn_in_the_tiny_models_chat_template():
     text = tool_turn_text(tok, ["42"])
     assert text == "\n<|tool|>\n42</s>\n<|assistant|>\n"
     # the calc task's SFT target is token for token what a rollout builds when the model makes the call
-    from asp_npu.data.tasks import calc_call, make_prompts, tool_transcript_ids
+    from asp_npu.data.tasks import calc_call, make_prompts, tool_transcript
 
     item = make_prompts("calc", 1, seed=3)[0]
     eng = ScriptedEngine([calc_call(item.text), str(item.ground_truth)], tokenizer=tok)
     t = run(eng, item=item)
-    assert t.response_token_ids == tool_transcript_ids(item, tok)
+    ids, mask = tool_transcript(item, tok)
+    assert t.response_token_ids == ids and t.loss_mask == mask and 0 in mask  # the tool turn: no SFT loss
     assert (t.reward, t.tool_calls, t.tool_failures) == (1.0, 1, 0)
 
 
