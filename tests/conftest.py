@@ -39,12 +39,13 @@ FILE_SECONDS = {
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest files first (`FILE_SECONDS`), each file's tests in their own order."""
+    files = [item.nodeid.split("::", 1)[0] for item in items]
     cost: dict[str, float] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
+    for item, path in zip(items, files, strict=True):
         slow = 60.0 if item.get_closest_marker("slow") else 0.0
         cost[path] = max(cost.get(path, 0.0), FILE_SECONDS.get(path, slow))
-    rank = {path: k for k, path in enumerate(dict.fromkeys(i.nodeid.split("::", 1)[0] for i in items))}
-    items.sort(key=lambda i: (-cost[i.nodeid.split("::", 1)[0]], rank[i.nodeid.split("::", 1)[0]]))
+    rank = {path: k for k, path in enumerate(dict.fromkeys(files))}
+    key = {id(item): (-cost[path], rank[path]) for item, path in zip(items, files, strict=True)}
+    items.sort(key=lambda item: key[id(item)])

@@ -197,7 +197,7 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
-def _train(cfg: Config, group: Any, src: str, examples: list[Any], steps: int, tmp_eval: Path,
+def _train(cfg: Config, group: Any, src: str, examples: list[Example], steps: int, tmp_eval: Path,
            eval_set: list[Any], evals: list[dict[str, Any]], log: Any
            ) -> tuple[dict[str, float], list[float]]:
     """The SFT steps over shuffled passes of `examples`, evaluated every `sft.eval_every` steps (appended
