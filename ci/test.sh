@@ -11,10 +11,11 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 VLLM_
 .venv/bin/ruff check asp_npu tests || { echo "ci/test.sh: ruff found problems" >&2; exit 1; }
 $PY -m mypy || { echo "ci/test.sh: mypy found type errors (config: pyproject.toml [tool.mypy])" >&2; exit 1; }
 # Two workers (ASP_NPU_TEST_WORKERS=0: one process): a real-engine test keeps ~55% of the 2 cores busy.
-# One file per worker at a time, so a module's engines and Ray cluster stay in one process; files
-# in the order tests/conftest.py sets (longest first).
+# One file per worker at a time, so a module's engines and Ray cluster stay in one process; xdist's
+# own file order (most tests first). Longest files first was tried and measured slower (73 min vs 55
+# here): the real-engine files then overlap each other (docs/BENCHMARKS.md, "CI time").
 workers=${ASP_NPU_TEST_WORKERS:-2}
-xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadfile)
 $PY -m pytest -q -p no:cacheprovider --timeout=900 --durations=25 "${xdist[@]}" "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
