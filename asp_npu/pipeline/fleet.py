@@ -24,12 +24,12 @@ from asp_npu.observe.actor_log import SETUP_HOOK, DriverRayLog, log_path, with_l
 from asp_npu.pipeline.derived import RunDerived
 from asp_npu.pipeline.placement import ClusterPlacement
 from asp_npu.remote import CALL_S, ActorFailure, ActorLost, ActorTimeout, get, kill_quietly
+from asp_npu.rollout.instance import START_S
 from asp_npu.types import PromptItem
 
 WARMUP_S = 120.0
 QUEUE = "the TrainQueue actor"
 PING_S = 1.0  # an instance is pinged at most this often (health check)
-START_S = 600.0  # a restarted instance's engine must be up within this
 PAUSE_S = 600.0 + CALL_S  # a pause drains running sequences (`vllm_engine.DRAIN_S`), then answers
 
 
@@ -100,10 +100,11 @@ class Fleet:
                 "trainer_cores": list(self.derived.trainer_cores) or list(p.trainer_cores)}
 
     def start(self, warmup: PromptItem) -> None:
-        """Ray, the queue actor, the instances (engines built in parallel) and the trainer group."""
+        """Ray, the queue actor, the instances and the trainer group: the engines build (in parallel)
+        while the trainer ranks form, as on a cluster where each has its own devices."""
         from asp_npu.device import init_ray
         from asp_npu.pipeline.queue_actor import make_queue_actor
-        from asp_npu.rollout.instance import launch_instances
+        from asp_npu.rollout.instance import launch_instances, wait_started
         from asp_npu.trainer.group import TrainerGroup
 
         sh, gen = self.shape, self.cfg.generate_config
@@ -126,11 +127,14 @@ class Fleet:
         self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
-                                          placement=self.placement, options_for=self._instance_options)
+                                          placement=self.placement, options_for=self._instance_options,
+                                          start=False)
+        starting = [a.start.remote() for a in self.instances]  # the engines build while the trainer forms
         start = self.derived.rank_start()
         self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options, start=start)
         if self.cfg.rl_config.adv_estimator == "gae":
             self._start_critic()
+        wait_started(self.instances, starting)
         self._warm_up(warmup)
 
     def _start_critic(self) -> None:

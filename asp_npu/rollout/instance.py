@@ -544,6 +544,25 @@ def instance_placement(
     return env, options
 
 
+START_S = 600.0  # an engine must be up within this (model load, KV cache, first-process imports)
+
+
+def wait_started(actors: list[Any], refs: list[Any], timeout_s: float = START_S) -> None:
+    """Wait for the `start` calls `refs` of `actors`: the first failure, or an engine not up within
+    `timeout_s`, is one UserError naming the instance, and every one of them is shut down."""
+    from asp_npu.remote import get, kill_quietly
+
+    try:
+        get(refs, timeout_s, [f"rollout instance {i}" for i in range(len(actors))], "engine start")
+    except Exception as exc:
+        for a in actors:
+            kill_quietly(a)
+        cause: BaseException = exc
+        while getattr(cause, "cause", None) is not None:
+            cause = cause.cause  # type: ignore[attr-defined]
+        raise UserError(f"starting rollout instances failed: {str(cause).splitlines()[0]}") from None
+
+
 def launch_instances(
     num: int,
     settings: EngineSettings,
@@ -561,8 +580,9 @@ def launch_instances(
 ) -> list[Any]:
     """Create `num` RolloutInstance actors, each pinned to its own devices; Ray must be initialised.
 
-    With `start`, the engines are built in parallel and this returns once all are ready (the
-    first failure is raised as a UserError naming the instance; the others are shut down).
+    With `start`, the engines are built in parallel and this returns once all are ready
+    (`wait_started`). Without, the caller calls `start` on each and passes the calls to `wait_started`
+    once it has done what can overlap them (the pipeline forms its trainer group meanwhile).
     A `device.CpuPlacement` gives each instance its cores, pins the instance's whole process tree to
     them when the placement is disjoint, and lowers the engines' priority where it says so.
     """
@@ -586,14 +606,5 @@ def launch_instances(
         actor_cls = ray.remote(RolloutInstance).options(**options)
         actors.append(actor_cls.remote(i, settings, sampling, env, sink, admission, keep_polled))
     if start:
-        refs = [a.start.remote() for a in actors]
-        try:
-            ray.get(refs)
-        except Exception as exc:
-            for a in actors:
-                ray.kill(a)
-            cause = exc
-            while getattr(cause, "cause", None) is not None:
-                cause = cause.cause  # type: ignore[attr-defined]
-            raise UserError(f"starting rollout instances failed: {str(cause).splitlines()[0]}") from None
+        wait_started(actors, [a.start.remote() for a in actors])
     return actors

@@ -42,6 +42,7 @@ from typing import Any
 from asp_npu.data.datasets import encode_prompt
 from asp_npu.data.init_model import check_model_dir
 from asp_npu.data.rewards import RewardResult, RewardScorer
+from asp_npu.device import engine_spawn_env
 from asp_npu.errors import UserError
 from asp_npu.rollout.engine import (
     ActivityLog,
@@ -195,7 +196,17 @@ class VLLMEngine:
         if self.weight_transfer:
             kwargs["weight_transfer_config"] = {"backend": self.weight_transfer}
         args = AsyncEngineArgs(**{**kwargs, **settings.extra})
-        self.llm = AsyncLLM.from_engine_args(args)
+        spawn_env = engine_spawn_env(os.environ)
+        saved = {k: os.environ.get(k) for k in spawn_env}
+        os.environ.update(spawn_env)
+        try:
+            self.llm = AsyncLLM.from_engine_args(args)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.max_model_len: int = int(self.llm.model_config.max_model_len)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
