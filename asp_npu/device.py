@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -181,18 +182,27 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
     return env
 
 
-def engine_spawn_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Variables for the engine's own processes only, set while they are spawned.
-
-    On CPU with the uni executor (`rollout_env`) the worker runs in the engine-core process, so the
-    OpenMP binding vLLM's mp executor would give its worker process is given to that one: its threads
-    on the instance's cores. The process building the engine keeps its own threads as they were.
-    """
-    cores = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    if not cores or env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-        return {}
-    return {"OMP_NUM_THREADS": str(len(cores.split(","))), "OMP_PLACES": "{" + cores + "}",
-            "OMP_PROC_BIND": "true"}
+@contextmanager
+def engine_spawn_env() -> Iterator[None]:
+    """While the engine's own processes are spawned: on CPU with the uni executor (`rollout_env`) the
+    worker runs in the engine-core process, so the OpenMP binding vLLM's mp executor would give its
+    worker process is given to that one (its threads on the instance's cores). The process building
+    the engine gets its own environment back."""
+    cores = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    extra = {}
+    if cores and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        extra = {"OMP_NUM_THREADS": str(len(cores.split(","))), "OMP_PLACES": "{" + cores + "}",
+                 "OMP_PROC_BIND": "true"}
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 ROLLOUT_NICE_ENV = "ASP_ROLLOUT_NICE"

@@ -49,6 +49,7 @@ class Fleet:
         self.critic: Any = None  # PPO's value model (rl_config.adv_estimator gae): pipeline/ppo.py
         self.ppo: Any = None
         self.instances: list[Any] = []
+        self._unstarted: list[Any] = []  # instances whose engines are still building (`start`)
         self.queue: Any = None
         self._owns_ray = False
         self._ray_log: DriverRayLog | None = None
@@ -124,17 +125,18 @@ class Fleet:
                                       dapo_shaping(self.cfg, sh.window, sh.iterations))
         self.cluster.create()
         settings, sampling = self._launch = self._engine_settings()
-        self.instances = launch_instances(sh.instances, settings, sampling, kind=self.kind,
-                                          kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
-                                          sink=self.queue, admission=self.mode.admission, keep_polled=False,
-                                          placement=self.placement, options_for=self._instance_options,
-                                          start=False)
-        starting = [a.start.remote() for a in self.instances]  # the engines build while the trainer forms
+        self._unstarted = launch_instances(sh.instances, settings, sampling, kind=self.kind,
+                                           kv_cache_gib=gen.kv_cache_gib, devices_per_instance=sh.infer_tp,
+                                           sink=self.queue, admission=self.mode.admission, keep_polled=False,
+                                           placement=self.placement, options_for=self._instance_options,
+                                           start=False)
+        starting = [a.start.remote() for a in self._unstarted]  # the engines build while the trainer forms
         start = self.derived.rank_start()
         self.trainer = TrainerGroup(self.cfg, placement=self._trainer_options, start=start)
         if self.cfg.rl_config.adv_estimator == "gae":
             self._start_critic()
-        wait_started(self.instances, starting)
+        wait_started(self._unstarted, starting)
+        self.instances, self._unstarted = self._unstarted, []
         self._warm_up(warmup)
 
     def _start_critic(self) -> None:
@@ -366,6 +368,9 @@ class Fleet:
         the queue actor and Ray always go down."""
         ray = sys.modules.get("ray")  # None: Ray never imported, or its import cut short by a signal
         try:
+            for a in self._unstarted:  # busy building its engine: it would answer a shutdown only after
+                kill_quietly(a)
+            self._unstarted = []
             if self.instances:
                 try:
                     get([a.shutdown.remote() for a in self.instances], CALL_S, self.names(), "shutdown")

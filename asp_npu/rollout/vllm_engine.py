@@ -196,17 +196,8 @@ class VLLMEngine:
         if self.weight_transfer:
             kwargs["weight_transfer_config"] = {"backend": self.weight_transfer}
         args = AsyncEngineArgs(**{**kwargs, **settings.extra})
-        spawn_env = engine_spawn_env(os.environ)
-        saved = {k: os.environ.get(k) for k in spawn_env}
-        os.environ.update(spawn_env)
-        try:
+        with engine_spawn_env():
             self.llm = AsyncLLM.from_engine_args(args)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self.max_model_len: int = int(self.llm.model_config.max_model_len)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id

@@ -7,6 +7,7 @@ test_instance_ray.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -255,3 +256,20 @@ def test_placement_pins_each_instance_to_its_own_devices():
     env, opts = instance_placement("npu", 1, 2, 8, kv_cache_gib=1)
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "2,3"
     assert opts["resources"] == {"NPU": 2} and opts["num_cpus"] == 1
+
+
+def test_the_engine_processes_get_the_instances_core_binding_and_the_builder_keeps_its_own(monkeypatch):
+    """CPU, uni executor: OpenMP is bound to the instance's cores only while its engine is spawned."""
+    from asp_npu.device import engine_spawn_env, rollout_env
+
+    for k, v in rollout_env("cpu", [2, 3], kv_cache_gib=1).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("OMP_PLACES", raising=False)
+    with engine_spawn_env():
+        assert os.environ["OMP_PLACES"] == "{2,3}" and os.environ["OMP_NUM_THREADS"] == "2"
+        assert os.environ["OMP_PROC_BIND"] == "true"
+    assert os.environ["OMP_NUM_THREADS"] == "1" and "OMP_PLACES" not in os.environ
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's own worker process binds itself
+    with engine_spawn_env():
+        assert "OMP_PLACES" not in os.environ
