@@ -171,7 +171,7 @@ def rollout_env(kind: DeviceKind, devices: list[int], kv_cache_gib: float) -> di
             "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
             # One worker per CPU instance, so it runs inside the engine-core process (vLLM's uni
-            # executor) instead of a third process: ~15 s less start-up per engine and the same
+            # executor) instead of a third process: ~10 s less start-up per engine and the same
             # tokens/s (docs/BENCHMARKS.md, "CI time"). Its core binding: `engine_spawn_env`.
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         }

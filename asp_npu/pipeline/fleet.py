@@ -368,7 +368,7 @@ class Fleet:
         the queue actor and Ray always go down."""
         ray = sys.modules.get("ray")  # None: Ray never imported, or its import cut short by a signal
         try:
-            for a in self._unstarted:  # busy building its engine: it would answer a shutdown only after
+            for a in self._unstarted:  # busy building its engine, it would answer a shutdown only once built
                 kill_quietly(a)
             self._unstarted = []
             if self.instances:

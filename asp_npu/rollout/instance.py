@@ -549,7 +549,7 @@ START_S = 600.0  # an engine must be up within this (model load, KV cache, first
 
 def wait_started(actors: list[Any], refs: list[Any], timeout_s: float = START_S) -> None:
     """Wait for the `start` calls `refs` of `actors`: the first failure, or an engine not up within
-    `timeout_s`, is one UserError naming the instance, and every one of them is shut down."""
+    `timeout_s`, is one UserError naming the instance, and every one of them is killed."""
     from asp_npu.remote import get, kill_quietly
 
     try:
