@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from asp_npu.errors import ConfigError, UserError
 from asp_npu.io import atomic_write_json, fsync_dir, read_json_file
@@ -38,6 +37,7 @@ TRAINER_META = "trainer.json"
 
 
 def _rng_state() -> dict[str, Any]:
+    import torch
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
@@ -45,6 +45,7 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
     torch.set_rng_state(state["torch"])
@@ -73,7 +74,7 @@ def _copy_loaded_states(part: Any) -> None:
     if part.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
         return
 
-    def set_states(model_param: Any, tensors: dict[str, torch.Tensor]) -> None:
+    def set_states(model_param: Any, tensors: dict[str, Any]) -> None:
         group, order = part.model_param_group_index_map[model_param]
         main = part.optimizer.param_groups[group]["params"][order]
         dst = {"param": main, **part.optimizer.state[main]}
@@ -86,6 +87,8 @@ def _copy_loaded_states(part: Any) -> None:
 def _unshare_steps(optimizer: Any) -> None:
     """Give every parameter its own Adam `step` tensor: megatron restores one shared tensor, which
     torch's Adam would then increment once per parameter in place."""
+    import torch
+
     from asp_npu.trainer.memory import torch_optimizers
 
     for opt in torch_optimizers(optimizer):
@@ -134,6 +137,7 @@ def save_checkpoint(directory: str | Path, worker: Any, commit: bool = True) -> 
     committed one, is cleared first); every rank fsyncs what it wrote; rank 0 then writes the
     iteration's `trainer.json` (it is complete) and, with `commit`, moves the pointer `latest.json`
     (temp + fsync + rename). Without `commit` the caller adds its own files and calls `commit`."""
+    import torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -266,6 +270,7 @@ def meta_problem(meta: dict[str, Any], name: str | None = None) -> str | None:
 def load_checkpoint(directory: str | Path, worker: Any) -> dict[str, Any]:
     """Restore model, optimizer, step and version into `worker` (any TP/PP/CP/DP layout); RNG states
     too when the layout is the one the checkpoint was written with."""
+    import torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 

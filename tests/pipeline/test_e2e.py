@@ -1,9 +1,14 @@
 """End to end on CPU: real vLLM instances, megatron-core trainer, Ray queue -- trained through the CLI.
 
-`asp-npu bench real` runs `asp` and `mindspeed-sync` for a few iterations on a freshly built tiny model;
-the test then checks, from what the runs recorded: the lag invariant of every trained sample, that
-every planned (prompt, sample) was generated and consumed exactly once, and that the run directory
-holds a non-empty report, metrics, TensorBoard events, timeline, event log and checkpoint.
+`asp-npu bench real --partial-rollout` runs `asp`, `asp+partial` and `mindspeed-sync` for 2 iterations
+on a freshly built tiny model; the tests then check, from what the runs recorded: the lag invariant of
+every trained sample, that every planned (prompt, sample) was generated and consumed exactly once, and
+that the run directory holds a non-empty report, metrics, TensorBoard events, timeline, event log and
+checkpoint. With partial rollout on (`test_lag_bounds_from_recorded_token_versions`, samples.jsonl's
+per-token version change points): every group's newest tokens within `max_lag` of the step that consumed
+it and every token within `max_token_lag`; with it off, the oldest-token rule. Answers of up to 96 tokens
+and in-flight refreshes make sequences span weight versions. One bench serves every test here: a real
+run is most of a test's cost.
 """
 
 from __future__ import annotations
@@ -41,10 +46,15 @@ def bench_real(root: Path, flags: list[str], overrides: list[str]) -> tuple[dict
     return json.loads(out.read_text()), root / "runs"
 
 
+# the bench's own: longer answers and a token bound above max_lag, for the partial-rollout run
+BENCH = ["generate_config.num_instances=1", "generate_config.sampling_config.max_tokens=96",
+         "rl_config.max_token_lag=2", "trainer.stall_timeout_s=180"]
+
+
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    return bench_real(tmp_path_factory.mktemp("e2e"), ["--modes", "asp,mindspeed-sync"],
-                      [*OVERRIDES, "generate_config.num_instances=1"])
+    return bench_real(tmp_path_factory.mktemp("e2e"), ["--modes", "asp,mindspeed-sync", "--partial-rollout"],
+                      [*OVERRIDES, *BENCH])
 
 
 def _planned(run: Path) -> list[tuple[str, int]]:
@@ -113,6 +123,46 @@ def test_the_bound_from_the_runs_own_costs_is_not_beaten(bench, mode):
     _, runs = bench
     lim = json.loads((runs / f"{mode}_s1234" / rd.SUMMARY).read_text())["against_limit"]
     assert lim["x_limit"] >= 0.9, lim
+
+
+@pytest.mark.parametrize("name", ["asp", "asp+partial"])
+def test_lag_bounds_from_recorded_token_versions(bench, name):
+    results, runs = bench
+    run = runs / f"{name}_s1234"
+    summary = json.loads((run / rd.SUMMARY).read_text())
+    samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
+    partial = name.endswith("+partial")
+    assert summary["partial_rollout"] is partial and len(samples) == 48
+    max_lag, token_bound = summary["max_lag"], (2 if partial else 1)
+    assert max_lag == 1 and summary["max_token_lag"] == token_bound
+    newest: dict[tuple[str, int], int] = {}
+    hist: dict[int, int] = {}
+    for s in samples:
+        ch = s["version_changes"]
+        assert ch[0] == [0, s["policy_version"]] and ch[-1][1] == s["policy_version_newest"], s
+        assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(ch, ch[1:], strict=False)), s
+        assert ch[-1][0] < max(1, s["response_len"]), s
+        for k, (lo, v) in enumerate(ch):  # every token within max_token_lag
+            hi = ch[k + 1][0] if k + 1 < len(ch) else s["response_len"]
+            assert 0 <= s["step"] - v <= token_bound, s
+            hist[s["step"] - v] = hist.get(s["step"] - v, 0) + hi - lo
+        g = (s["prompt_id"], s["epoch"])
+        newest[g] = max(newest.get(g, -1), ch[-1][1])
+        if not partial:  # the oldest-token rule: the first token within max_lag
+            assert 0 <= s["step"] - s["policy_version"] <= max_lag, s
+    steps = {(s["prompt_id"], s["epoch"]): s["step"] for s in samples}
+    for g, v in newest.items():  # every group's newest tokens within max_lag
+        assert 0 <= steps[g] - v <= max_lag, g
+    assert {str(k): n for k, n in sorted(hist.items())} == summary["token_lag_hist"]
+    assert sum(hist.values()) == summary["tokens"]
+    consumed = [(f"{s['prompt_id']}@{s['epoch']}", s["sample_idx"]) for s in samples]
+    assert len(consumed) == len(set(consumed)) and sorted(consumed) == sorted(_planned(run))
+    metrics = [json.loads(line) for line in (run / rd.METRICS).read_text().splitlines()]
+    per_step = [m for m in metrics if "rollout/token_lag_max" in m]
+    assert len(per_step) == 6 and max(m["rollout/token_lag_max"] for m in per_step) <= token_bound
+    assert max(m["async/lag_newest_max"] for m in per_step) <= max_lag
+    row = results["modes"][name]
+    assert row["partial_rollout"] is partial and row["token_lag_max"] <= token_bound
 
 
 def test_report_redraws(bench, capsys):

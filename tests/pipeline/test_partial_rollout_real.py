@@ -1,7 +1,7 @@
 """Partial rollout in the real pipeline, the pure parts: per-token behaviour versions as the engine
 records them, the restamps the TrainQueue actor applies (the simulator's rule in
 `asp_npu.core.staleness`), and `bench real --partial-rollout`'s naming. The real engines and trainer
-run in `test_e2e_partial.py` (slow)."""
+run in `test_e2e.py` (slow)."""
 
 from __future__ import annotations
 

@@ -108,63 +108,70 @@ def run(ray, inst, items, sampling, first_unit: int):
     return [t for g in ray.get(inst.poll.remote()) for t in g]
 
 
-@pytest.mark.slow
-# tied and untied embeddings each once, and one model large enough for many buckets per layer: the other
-# two pairings ran the same code paths (each case starts its own engine: ~3 minutes of the suite each)
-@pytest.mark.parametrize("size,tied", [("tiny", True), ("small", False)])
-def test_refresh_through_the_transfer_engine_matches_the_refreshed_hf_model(
-    ray_cluster, tmp_path_factory, size, tied
-):
-    """Greedy tokens equal the refreshed HF model's, behaviour logprobs within 1e-4, for tied and
-    untied embeddings; buckets are small so fused q/k/v and gate/up layers straddle several."""
-    from asp_npu.data.init_model import build_model_dir
-    from asp_npu.rollout.instance import launch_instances
+def check_refresh(ray, inst, model_dir, unit0: int) -> None:
+    """Greedy tokens equal the refreshed HF model's, behaviour logprobs within 1e-4, twice over one
+    group; buckets are small so fused q/k/v and gate/up layers straddle several."""
     from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink
 
-    ray = ray_cluster
-    root = tmp_path_factory.mktemp(f"{size}-{tied}")
-    model_dir = build_model_dir(root / "tied", size=size, seed=3)
-    if not tied:
-        model_dir = untied_copy(model_dir, root / "untied")
-    settings = EngineSettings(str(model_dir), max_model_len=256, max_num_seqs=8)
-    (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
+    v0 = version(ray, inst)
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
     sync = TransferEngineLink(kind="cpu", drain=True, bucket_bytes=96 << 10, timeout_s=120)
     try:
         assert sync.backend == "gloo"
         items = make_prompts("count", 2, seed=11)
         greedy = SamplingSettings(temperature=0.0, max_tokens=16, ignore_eos=True)
-        before = run(ray, inst, items, greedy, 0)
+        before = run(ray, inst, items, greedy, unit0)
         model, state = perturbed(model_dir, seed=5)
-        ray.get(trainer_actor.set_weights.remote(state, 1))
+        ray.get(trainer_actor.set_weights.remote(state, v0 + 1))
         sync.connect([inst], RayTrainer(trainer_actor))
-        out = sync.publish(1)
+        out = sync.publish(v0 + 1)
         (report,) = out["instances"]
-        assert report["version"] == 1 and report["num_bytes"] == sum(v.nbytes for v in state.values())
+        assert report["version"] == v0 + 1 and report["num_bytes"] == sum(v.nbytes for v in state.values())
         assert report["load_s"] > 0 and out["send_s"] > 0
 
-        after = run(ray, inst, items, greedy, 10)
-        assert {t.policy_version for t in after} == {1} and {t.policy_version for t in before} == {0}
+        after = run(ray, inst, items, greedy, unit0 + 10)
+        assert {t.policy_version for t in after} == {v0 + 1} and {t.policy_version for t in before} == {v0}
         for t in after:
             assert t.response_token_ids == hf_greedy(model, t.prompt_token_ids, 16)
         assert [t.response_token_ids for t in after] != [t.response_token_ids for t in before]
 
-        sampled = run(ray, inst, items, SamplingSettings(temperature=1.0, max_tokens=24, seed=4), 20)
+        sampled = run(ray, inst, items, SamplingSettings(temperature=1.0, max_tokens=24, seed=4), unit0 + 20)
         for t in sampled:
             ref = hf_logprobs(model, t.prompt_token_ids, t.response_token_ids)
             assert np.max(np.abs(ref - np.array(t.logprobs))) < 1e-4
 
         # a second refresh over the same group (versions increase, the group is reused)
         model2, state2 = perturbed(model_dir, seed=6)
-        ray.get(trainer_actor.set_weights.remote(state2, 2))
-        assert sync.publish(2)["instances"][0]["version"] == 2
-        (t,) = run(ray, inst, items[:1], greedy, 30)[:1]
-        assert t.policy_version == 2 and t.response_token_ids == hf_greedy(model2, t.prompt_token_ids, 16)
+        ray.get(trainer_actor.set_weights.remote(state2, v0 + 2))
+        assert sync.publish(v0 + 2)["instances"][0]["version"] == v0 + 2
+        (t,) = run(ray, inst, items[:1], greedy, unit0 + 30)[:1]
+        assert t.policy_version == v0 + 2
+        assert t.response_token_ids == hf_greedy(model2, t.prompt_token_ids, 16)
     finally:
         sync.close()
+        ray.kill(trainer_actor)
+
+
+def version(ray, inst) -> int:
+    return ray.get(inst.stats.remote())["policy_version"]
+
+
+@pytest.mark.slow
+def test_refresh_of_untied_embeddings_matches_the_refreshed_hf_model(ray_cluster, tmp_path_factory):
+    """A model with its own lm_head, large enough for many buckets per layer, on its own instance."""
+    from asp_npu.data.init_model import build_model_dir
+    from asp_npu.rollout.instance import launch_instances
+
+    ray = ray_cluster
+    root = tmp_path_factory.mktemp("small-untied")
+    model_dir = untied_copy(build_model_dir(root / "tied", size="small", seed=3), root / "untied")
+    settings = EngineSettings(str(model_dir), max_model_len=256, max_num_seqs=8)
+    (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
+    try:
+        check_refresh(ray, inst, model_dir, 0)
+    finally:
         ray.get(inst.shutdown.remote())
         ray.kill(inst)
-        ray.kill(trainer_actor)
 
 
 class _Rank0:
@@ -233,62 +240,117 @@ def test_a_member_killed_before_a_push_is_one_line_and_the_survivor_refreshes_ov
             ray.kill(a)
 
 
-@pytest.fixture(scope="module")
-def keep_setup(ray_cluster, tiny_model_dir):
-    """One instance with prefix caching off (in-flight refresh) and a connected sender."""
-    from asp_npu.rollout.instance import launch_instances
-    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink
+# ---------------------------------------------------------------- one instance, shared in file order
+# An engine start is most of each test's cost, so the tests below share one tiny instance (prefix caching
+# off: in-flight refresh), each over a weight group of its own. They run in this order: the megatron
+# trainer's push first (its first step is version 1), the others from the version the instance holds, and
+# the last kills it. The tests above launch their own instances first: Ray has 2 CPUs, one per instance.
 
-    ray = ray_cluster
+
+@pytest.fixture(scope="module")
+def instance(ray_cluster, tiny_model_dir):
+    from asp_npu.rollout.instance import launch_instances
+
     settings = EngineSettings(
         str(tiny_model_dir), max_model_len=512, max_num_seqs=8, enable_prefix_caching=False
     )
     (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
+    yield inst
+    ray_cluster.kill(inst)
+
+
+@pytest.fixture
+def linked(ray_cluster, instance):
+    """A fresh trainer-side sender connected to the shared instance over a new weight group."""
+    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink
+
+    ray = ray_cluster
     trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
     sync = TransferEngineLink(kind="cpu", drain=True, timeout_s=30)  # the keep test switches it
-    sync.connect([inst], RayTrainer(trainer_actor))
-    yield ray, inst, trainer_actor, sync
+    sync.connect([instance], RayTrainer(trainer_actor))
+    yield ray, instance, trainer_actor, sync
     sync.close()
-    for a in (inst, trainer_actor):
-        ray.kill(a)
+    ray.kill(trainer_actor)
 
 
 @pytest.mark.slow
-def test_keep_mode_refreshes_mid_flight_and_records_first_and_last_version(keep_setup, tiny_model_dir):
+def test_the_megatron_trainer_pushes_from_rank_0(ray_cluster, instance, tiny_model_dir):
+    """A real trainer (PP=2: two stages meet on rank 0) trains one step and pushes through
+    `push_weights_to_rollout`; the instance then generates what the trainer's HF export generates.
+    The first test on the shared instance: the trainer's first step is weights version 1."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from asp_npu.trainer.group import TrainerGroup
+    from asp_npu.weights.engine_link import TransferEngineLink
+    from tests.trainer.helpers import make_batch, trainer_config
+
+    ray, inst = ray_cluster, instance
+    assert version(ray, inst) == 0
+    group = TrainerGroup(trainer_config(tiny_model_dir, pp=2, lr=5e-2), cpus_per_rank=0)
+    sync = TransferEngineLink(kind="cpu", timeout_s=120)
+    try:
+        group.train_step(make_batch(seed=1))
+        sync.connect([inst], group)
+        (report,) = sync.publish(1)["instances"]
+        hf = group.get_hf_weights()
+        assert report["version"] == hf.version == 1
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(tiny_model_dir)))
+        model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in hf.tensors.items()}, strict=False)
+        model.tie_weights()
+        model.eval()
+        items = make_prompts("count", 2, seed=13)
+        greedy = SamplingSettings(temperature=0.0, max_tokens=16, ignore_eos=True)
+        for t in run(ray, inst, items, greedy, 300):
+            assert t.policy_version == 1
+            assert t.response_token_ids == hf_greedy(model, t.prompt_token_ids, 16)
+    finally:
+        sync.close()
+        group.shutdown()
+
+
+@pytest.mark.slow
+def test_refresh_of_tied_embeddings_matches_the_refreshed_hf_model(ray_cluster, instance, tiny_model_dir):
+    """A tied model's export leaves lm_head out; the engine ties it again."""
+    check_refresh(ray_cluster, instance, tiny_model_dir, 100)
+
+
+@pytest.mark.slow
+def test_keep_mode_refreshes_mid_flight_and_records_first_and_last_version(linked, tiny_model_dir):
     """pause_generation(mode="keep"): running sequences freeze, the weights load, they continue on
     the new ones; each sample records the version of its first and of its last token."""
-    ray, inst, trainer_actor, sync = keep_setup
+    ray, inst, trainer_actor, sync = linked
+    v0 = version(ray, inst)
     sync.set_drain(False)  # on the connected group: the trainer side must follow
     _, state = perturbed(tiny_model_dir, seed=7)
-    ray.get(trainer_actor.set_weights.remote(state, 1))
+    ray.get(trainer_actor.set_weights.remote(state, v0 + 1))
     items = make_prompts("count", 1, seed=12)
     sampling = SamplingSettings(max_tokens=300, ignore_eos=True, seed=2)
     ray.get(inst.add_prompts.remote(items))
-    ray.get(inst.submit_units.remote(units([items[0].prompt_id], 0), sampling))
+    ray.get(inst.submit_units.remote(units([items[0].prompt_id], 200), sampling))
     while ray.get(inst.stats.remote())["in_flight"] < GROUP:
         time.sleep(0.01)
     time.sleep(0.2)
-    out = sync.publish(1)
+    out = sync.publish(v0 + 1)
     t_loaded = time.time()
     (report,) = out["instances"]
-    assert report["version"] == 1 and report["drain_s"] == 0.0
+    assert report["version"] == v0 + 1 and report["drain_s"] == 0.0
     assert ray.get(inst.wait_idle.remote(300))
     (group,) = ray.get(inst.poll.remote())
     for t in group:
         assert t.response_len == 300 and len(t.logprobs) == 300
-        assert t.policy_version == 0 and t.policy_version_last == 1 and t.t_finished > t_loaded
+        assert t.policy_version == v0 and t.policy_version_last == v0 + 1 and t.t_finished > t_loaded
         # counted while vLLM held the sequences frozen: every token's behaviour version is exact
         (first, (n, v)) = t.version_changes
-        assert first == [0, 0] and v == 1 and 0 < n < 300
+        assert first == [0, v0] and v == v0 + 1 and 0 < n < 300
 
 
 @pytest.mark.slow
-def test_a_dead_trainer_is_one_line_not_a_hang(keep_setup):
+def test_a_dead_trainer_is_one_line_not_a_hang(linked):
     """The instance waits inside the transfer; the trainer (group rank 0) is killed: the instance's
     wait ends with one line naming itself, and the driver's next publish names the trainer."""
     from asp_npu.weights.engine_link import WeightSyncError
 
-    ray, inst, trainer_actor, sync = keep_setup
+    ray, inst, trainer_actor, sync = linked
     ray.get(inst.start_weight_update.remote(True))
     waiting = inst.update_weights.remote({"version": 99})
     time.sleep(1.0)
@@ -308,65 +370,20 @@ def test_a_dead_trainer_is_one_line_not_a_hang(keep_setup):
 
 
 @pytest.mark.slow
-def test_a_dead_instance_is_one_line_naming_it(ray_cluster, tiny_model_dir):
-    from asp_npu.rollout.instance import launch_instances
-    from asp_npu.weights.engine_link import RayTrainer, StateDictTrainer, TransferEngineLink, WeightSyncError
+def test_a_dead_instance_is_one_line_naming_it(linked, tiny_model_dir):
+    """The last test on the shared instance: it kills it."""
+    from asp_npu.weights.engine_link import WeightSyncError
 
-    ray = ray_cluster
-    settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
-    (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
-    trainer_actor = ray.remote(StateDictTrainer).options(num_cpus=0).remote()
+    ray, inst, trainer_actor, sync = linked
+    v1 = version(ray, inst) + 1
     _, state = perturbed(tiny_model_dir, seed=8)
-    ray.get(trainer_actor.set_weights.remote(state, 1))
-    sync = TransferEngineLink(kind="cpu", timeout_s=30)
-    try:
-        sync.connect([inst], RayTrainer(trainer_actor))
-        ray.kill(inst)
-        t0 = time.monotonic()
-        with pytest.raises(WeightSyncError) as err:
-            sync.publish(1)
-        assert time.monotonic() - t0 < 60
-        msg = str(err.value)
-        assert "\n" not in msg and "rollout instance 0 (weight-group rank 1)" in msg
-    finally:
-        sync.close()
-        ray.kill(trainer_actor)
+    ray.get(trainer_actor.set_weights.remote(state, v1))
+    ray.kill(inst)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError) as err:
+        sync.publish(v1)
+    assert time.monotonic() - t0 < 60
+    msg = str(err.value)
+    assert "\n" not in msg and "rollout instance 0 (weight-group rank 1)" in msg
 
-
-@pytest.mark.slow
-def test_the_megatron_trainer_pushes_from_rank_0(ray_cluster, tiny_model_dir):
-    """A real trainer (PP=2: two stages meet on rank 0) trains one step and pushes through
-    `push_weights_to_rollout`; the instance then generates what the trainer's HF export generates."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from asp_npu.rollout.instance import launch_instances
-    from asp_npu.trainer.group import TrainerGroup
-    from asp_npu.weights.engine_link import TransferEngineLink
-    from tests.trainer.helpers import make_batch, trainer_config
-
-    ray = ray_cluster
-    settings = EngineSettings(str(tiny_model_dir), max_model_len=256, max_num_seqs=4)
-    (inst,) = launch_instances(1, settings, SamplingSettings(), kind="cpu", kv_cache_gib=0.5)
-    group = TrainerGroup(trainer_config(tiny_model_dir, pp=2, lr=5e-2), cpus_per_rank=0)
-    sync = TransferEngineLink(kind="cpu", timeout_s=120)
-    try:
-        group.train_step(make_batch(seed=1))
-        sync.connect([inst], group)
-        (report,) = sync.publish(1)["instances"]
-        hf = group.get_hf_weights()
-        assert report["version"] == hf.version == 1
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(tiny_model_dir)))
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in hf.tensors.items()}, strict=False)
-        model.tie_weights()
-        model.eval()
-        items = make_prompts("count", 2, seed=13)
-        greedy = SamplingSettings(temperature=0.0, max_tokens=16, ignore_eos=True)
-        for t in run(ray, inst, items, greedy, 0):
-            assert t.policy_version == 1
-            assert t.response_token_ids == hf_greedy(model, t.prompt_token_ids, 16)
-    finally:
-        sync.close()
-        group.shutdown()
-        ray.get(inst.shutdown.remote())
-        ray.kill(inst)
 
