@@ -1,9 +1,10 @@
 """Chaos on CPU with the real engines and trainer: a rollout instance is killed mid-window.
 
-Two vLLM instances, one megatron-core rank, the ASP mode, on both weight paths; once the first group
-arrived, instance 0 is killed (`ray.kill`) while it generates. Its replacement rejoins during the run
-or, when the survivor finished the work first, before the run ends (`Supervisor.settle`), so the
-recovery is always measured. The run must complete, with every planned
+Two vLLM instances, one megatron-core rank, the ASP mode, weights through vLLM's weight-transfer engine
+(the default; the object-store path loses and replaces an instance in `test_multinode.py`, where a node
+is removed); once the first group arrived, instance 0 is killed (`ray.kill`) while it generates. Its
+replacement rejoins during the run or, when the survivor finished the work first, before the run ends
+(`Supervisor.settle`), so the recovery is always measured. The run must complete, with every planned
 (prompt, sample) generated and consumed exactly once (from `samples.jsonl`), the lag bound held, and
 the loss and the recovery in the summary and in `run_log.jsonl`.
 """
@@ -38,10 +39,8 @@ def _kill_mid_window(ctl, out: dict) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("transfer", ["auto", "object-store"])
-def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path, transfer):
-    """`auto` (the default): the weight group is re-formed without the lost instance and again with its
-    replacement; `object-store`: the replacement pulls the published blob."""
+def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path):
+    """The weight group is re-formed without the lost instance and again with its replacement."""
     from asp_npu.data.datasets import config_prompts
     from asp_npu.data.init_model import build_model_dir
     from asp_npu.pipeline.controller import Controller
@@ -50,7 +49,7 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path,
     cfg = load_config("configs/cpu_tiny.yaml", [f"model.path={model}", *OVERRIDES, "trainer.train_iters=8",
                                                 "generate_config.num_instances=2", "trainer.logger=[jsonl]",
                                                 f"trainer.run_dir={tmp_path / 'run'}",
-                                                f"generate_config.weight_transfer={transfer}"])
+                                                "generate_config.weight_transfer=auto"])
     run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
     ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
     killed: dict = {}
@@ -76,16 +75,13 @@ def test_an_instance_killed_mid_window_is_replaced_and_nothing_is_lost(tmp_path,
     lost, back = (next(r for r in log if r["event"] == e) for e in ("instance_lost", "instance_recovered"))
     assert lost["instance"] == back["instance"] == 0 and lost["t"] >= killed["t_kill"]
     assert back["recovery_s"] > 0
-    path = summary["weight_transfer"]
-    if transfer == "auto":  # the group was re-formed for the replacement, which then held new weights
-        assert path["path"] == "transfer-engine" and path["backend"] == "gloo", path
-        assert any(0 in g["members"] for g in path["regroups"]), path
-        assert not any(e["event"] == "instance_lost" and e["instance"] != 0 for e in log), log
-    else:
-        assert path == {"path": "object-store"}
+    path = summary["weight_transfer"]  # re-formed for the replacement, which then held new weights
+    assert path["path"] == "transfer-engine" and path["backend"] == "gloo", path
+    assert any(0 in g["members"] for g in path["regroups"]), path
+    assert not any(e["event"] == "instance_lost" and e["instance"] != 0 for e in log), log
     up = next(r for r in log if r["event"] == "instance_restarted")
     print(f"\nchaos: detected {lost['t'] - killed['t_kill']:.2f}s after the kill, "
           f"{lost['groups_redispatched']} group(s) re-dispatched, engine up after {up['restart_s']:.1f}s, "
           f"back (current weights in) after {back['recovery_s']:.1f}s, "
-          f"run {summary['wall_s']:.1f}s, weights {transfer}, "
+          f"run {summary['wall_s']:.1f}s, "
           f"weight-group re-forms {summary['weight_transfer'].get('regroups', [])}")

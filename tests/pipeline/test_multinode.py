@@ -110,7 +110,8 @@ def three_nodes(monkeypatch):
 def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_path, three_nodes):
     """Instance 1 lives alone on node 1; that node is removed mid-run. The run loses instance 1 like any
     dead instance, re-dispatches its groups, starts its replacement in a fresh placement group on a live
-    node, and completes with every planned sample consumed once."""
+    node, which pulls the published weights from the object store (the suite's one run of that path
+    losing an instance), and completes with every planned sample consumed once."""
     import threading
     import time
 
@@ -162,4 +163,6 @@ def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_p
     fail = summary["failures"]
     assert fail["instances_lost"] == 1 and len(fail["recoveries"]) == 1, fail
     assert new_home and place.node_ids[1] not in new_home
+    assert summary["weight_transfer"] == {"path": "object-store"}
+    assert events["instance_recovered"]["instance"] == 1 and events["instance_recovered"]["recovery_s"] > 0
     assert_consumed_once_within_lag(run.path, summary)
