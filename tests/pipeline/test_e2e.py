@@ -66,12 +66,17 @@ def _planned(run: Path) -> list[tuple[str, int]]:
     return out
 
 
+def _recorded(runs: Path, name: str) -> tuple[Path, dict, list[dict]]:
+    """The bench's run `name`: its folder, summary.json and samples.jsonl rows."""
+    run = runs / f"{name}_s1234"
+    samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
+    return run, json.loads((run / rd.SUMMARY).read_text()), samples
+
+
 @pytest.mark.parametrize("mode", ["asp", "mindspeed-sync"])
 def test_run_invariants(bench, mode):
     results, runs = bench
-    run = runs / f"{mode}_s1234"
-    summary = json.loads((run / rd.SUMMARY).read_text())
-    samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
+    run, summary, samples = _recorded(runs, mode)
     # 2 iterations x 6 prompts x 4 samples, in 6 steps of 8
     assert summary["steps"] == 6 and len(samples) == 48
     # the colocated baseline generates on every core; ASP's instance and trainer own disjoint cores
@@ -128,9 +133,7 @@ def test_the_bound_from_the_runs_own_costs_is_not_beaten(bench, mode):
 @pytest.mark.parametrize("name", ["asp", "asp+partial"])
 def test_lag_bounds_from_recorded_token_versions(bench, name):
     results, runs = bench
-    run = runs / f"{name}_s1234"
-    summary = json.loads((run / rd.SUMMARY).read_text())
-    samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
+    run, summary, samples = _recorded(runs, name)
     partial = name.endswith("+partial")
     assert summary["partial_rollout"] is partial and len(samples) == 48
     max_lag, token_bound = summary["max_lag"], (2 if partial else 1)
