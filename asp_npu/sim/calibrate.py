@@ -152,7 +152,7 @@ def _runs(items: list[dict[str, Any]], key: str, fallback: str) -> list[list[flo
     return [list(p.get(key) or [p[fallback]]) for p in items]
 
 
-def _fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
+def fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
     """One cost fit per repeat index (repeat k's decode and prefill points), where every point kept its
     repeats (`step_s_runs`, `ttft_s_runs`)."""
     dec = _runs(points["decode"], "step_s_runs", "step_s")
@@ -172,7 +172,7 @@ def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
     per repeat), weight refresh, the trainer steps (both placements), the core-sharing ratios and the
     matmul and host-optimizer probes."""
     out: dict[str, dict[str, float]] = {}
-    fits = _fit_per_repeat(points)
+    fits = fit_per_repeat(points)
     if fits:
         for k in ("a", "b_per_seq", "c_per_kv_token"):
             out[f"decode_{k}"] = spread([f["decode_step_s"][k] for f in fits])
