@@ -16,7 +16,7 @@ from asp_npu.config import load_config
 from asp_npu.errors import UserError
 from asp_npu.io import atomic_write_json, check_writable
 from asp_npu.outputs import check_output
-from asp_npu.sim.calibrate import MAX_FOREIGN_LOAD, MAX_SPREAD
+from asp_npu.sim.calibrate import MAX_FOREIGN_LOAD, MAX_SPREAD, decode_corners, step_s
 
 
 def main(argv: list[str]) -> int:
@@ -90,7 +90,14 @@ def print_result(out: str, result: dict[str, Any]) -> None:
         if v is None:
             continue
         s = result["spread"].get(key) if key else None
-        rng = (f"  min..max {s['min']:.4g}..{s['max']:.4g}, spread {s['rel']:.1%} over {s['n']}"
-               if s else "  (from the medians)")
-        print(f"  {label:<40} {v:>11.4g} {unit:<8}{rng}")
+        print(f"  {label:<40} {v:>11.4g} {unit:<8}{_range(s) if s else '  (from the medians)'}")
+    if result["points"].get("decode"):  # what the verdict judges the decode fit by
+        for key, (batch, kv) in decode_corners(result["points"]["decode"]).items():
+            s, v = result["spread"].get(key), step_s(result["decode_step_s"], batch, kv)
+            label = f"decode step at batch {batch}, {kv:.0f} KV"
+            print(f"  {label:<40} {v:>11.4g} {'s':<8}{_range(s) if s else ''}")
     print(result["trust"]["line"])
+
+
+def _range(s: dict[str, Any]) -> str:
+    return f"  min..max {s['min']:.4g}..{s['max']:.4g}, spread {s['rel']:.1%} over {s['n']}"

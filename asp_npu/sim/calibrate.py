@@ -10,6 +10,10 @@ and two moments, one thread: a trainer rank's share; `asp-npu check --calib` and
 `trainer.host_optimizer_s_per_param` charge it per offloaded parameter). `spread`: every figure's
 median, min, max and relative spread over the repeats; `trust`: whether they agree within 5% and other
 processes left the machine alone during the probes (`verdict`), with the one line `asp-npu calibrate` prints.
+The decode fit is judged by the step time it predicts at the probe's two corners (the smallest batch at
+its least KV, the largest at its most: `decode_step_at_batch_<n>`), not by its coefficients: KV tokens
+grow with the batch, so `b_per_seq` and `c_per_kv_token` trade off from one repeat to the next while the
+step times the simulator takes from them hardly move (their spreads are still reported).
 The trainer fields (null when the trainer was not measured):
 - `trainer_s_per_token`: device-seconds per sequence token of a trainer step placed as an
   asynchronous mode places it (wall seconds per token x ranks x threads per rank: the simulator
@@ -167,15 +171,35 @@ def fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+NOT_JUDGED = ("decode_a", "decode_b_per_seq", "decode_c_per_kv_token")  # judged at the corners instead
+
+
+def decode_corners(decode: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
+    """(batch, KV tokens) of the smallest measured batch at its least KV and the largest at its most."""
+    small, large = min(p["batch"] for p in decode), max(p["batch"] for p in decode)
+    kv_small = min(p["kv_tokens"] for p in decode if p["batch"] == small)
+    kv_large = max(p["kv_tokens"] for p in decode if p["batch"] == large)
+    return {f"decode_step_at_batch_{small}": (small, kv_small),
+            f"decode_step_at_batch_{large}": (large, kv_large)}
+
+
+def step_s(decode_step_s: dict[str, float], batch: float, kv_tokens: float) -> float:
+    """The fitted decode step `a + b n + c kv` (`schedule.cost.CostModel.step_seconds`)."""
+    d = decode_step_s
+    return d["a"] + d["b_per_seq"] * batch + d["c_per_kv_token"] * kv_tokens
+
+
 def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Every calibrated figure's spread over its repeats: the decode fit and the prefill slope (one fit
-    per repeat), weight refresh, the trainer steps (both placements), the core-sharing ratios and the
-    matmul and host-optimizer probes."""
+    """Every calibrated figure's spread over its repeats: the decode fit (its coefficients and the step
+    time at the probe's corners) and the prefill slope (one fit per repeat), weight refresh, the trainer
+    steps (both placements), the core-sharing ratios and the matmul and host-optimizer probes."""
     out: dict[str, dict[str, float]] = {}
     fits = fit_per_repeat(points)
     if fits:
         for k in ("a", "b_per_seq", "c_per_kv_token"):
             out[f"decode_{k}"] = spread([f["decode_step_s"][k] for f in fits])
+        for name, (batch, kv) in decode_corners(points["decode"]).items():
+            out[name] = spread([step_s(f["decode_step_s"], batch, kv) for f in fits])
         pf = [f["prefill_s_per_token"] for f in fits if f["prefill_s_per_token"] is not None]
         if pf:
             out["prefill_s_per_token"] = spread(pf)
@@ -207,9 +231,12 @@ def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:
 def verdict(spreads: dict[str, dict[str, float]], foreign_load: float | None, loadavg: float | None = None,
             max_spread: float = MAX_SPREAD, max_foreign: float = MAX_FOREIGN_LOAD) -> dict[str, Any]:
     """Whether the calibration can be trusted, and the one line that says so (or why not): every
-    figure's repeats within `max_spread`, and other processes' mean CPU use during the probes (a
-    share of the cores) at most `max_foreign`."""
-    wide = sorted(((s["rel"], k) for k, s in spreads.items() if s["rel"] > max_spread and s["n"] > 1),
+    figure's repeats within `max_spread` (the decode fit at its corners, when they were measured, not
+    its coefficients), and other processes' mean CPU use during the probes (a share of the cores) at
+    most `max_foreign`."""
+    corners = any(k.startswith("decode_step_at_batch_") for k in spreads)
+    judged = {k: s for k, s in spreads.items() if not (corners and k in NOT_JUDGED)}
+    wide = sorted(((s["rel"], k) for k, s in judged.items() if s["rel"] > max_spread and s["n"] > 1),
                   reverse=True)
     busy = foreign_load is not None and foreign_load > max_foreign
     why = [f"{len(wide)} figure(s) spread over {max_spread:.0%}, widest {wide[0][1]} {wide[0][0]:.0%}"

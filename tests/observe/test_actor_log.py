@@ -1,6 +1,6 @@
 """Per-actor logs: an actor's output (Python, C-level, child processes) lands in its own file, and a
 training run's console keeps only the progress line while logs/ holds each instance's and rank's file
-(that one on a real run: tests/pipeline/test_loopback.py)."""
+(that one on a real run: `tests/pipeline/test_e2e.py`, the resumed run)."""
 
 from __future__ import annotations
 

@@ -8,19 +8,22 @@ checkpoint. With partial rollout on (`test_lag_bounds_from_recorded_token_versio
 per-token version change points): every group's newest tokens within `max_lag` of the step that consumed
 it and every token within `max_token_lag`; with it off, the oldest-token rule. Answers of up to 96 tokens
 and in-flight refreshes make sequences span weight versions. One bench serves every test here: a real
-run is most of a test's cost.
+run is most of a test's cost. A resumed run (from the asp run's checkpoint, two instances) runs as its
+own process watched from outside: it listens on loopback only and its console holds only progress.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from asp_npu.cli import main as cli_main
 from asp_npu.core import run_dir as rd
+from tests.pipeline.watch import WatchedRun, assert_console_has_only_progress, assert_loopback_only, watch
 
 pytestmark = pytest.mark.slow
 
@@ -176,17 +179,25 @@ def test_report_redraws(bench, capsys):
     assert png.stat().st_size > 10_000 and str(png) in capsys.readouterr().out
 
 
-def test_resume_continues_from_the_checkpoint(bench):
-    """`actor_config.load` = the asp run's final checkpoint (step 6): one more iteration, steps 7-9,
-    generated with the restored weights, lag bound kept, the resumed-from checkpoint not cleared.
-    It runs two instances (the bench ran one): on 2 cores they share the cores with the trainer."""
+@pytest.fixture(scope="module")
+def resumed(bench) -> WatchedRun:
+    """`actor_config.load` = the asp run's final checkpoint (step 6), one more iteration with two
+    instances (the bench ran one; on 2 cores they share the cores with the trainer), as its own process
+    watched from outside (`tests/pipeline/watch.py`): its listening sockets and its console."""
     _, runs = bench
     ckpt = runs / "asp_s1234" / rd.CHECKPOINTS
-    out = runs / "asp_resumed"
-    rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", f"model.path={runs.parent / 'tiny'}",
-                   f"actor_config.load={ckpt}", "trainer.train_iters=3", f"trainer.run_dir={out}",
-                   "data.seed=1234", *OVERRIDES, "generate_config.num_instances=2"])
-    assert rc == 0 and (ckpt / "latest.json").is_file()
+    return watch([sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml",
+                  f"model.path={runs.parent / 'tiny'}", f"actor_config.load={ckpt}", "trainer.train_iters=3",
+                  "data.seed=1234", *OVERRIDES, "generate_config.num_instances=2",
+                  "trainer.logger=[console,jsonl]", f"trainer.run_dir={runs / 'asp_resumed'}"])
+
+
+def test_resume_continues_from_the_checkpoint(bench, resumed):
+    """Steps 7-9, generated with the restored weights, lag bound kept, the resumed-from checkpoint not
+    cleared."""
+    assert resumed.returncode == 0, resumed.console[-3000:]
+    ckpt, out = bench[1] / "asp_s1234" / rd.CHECKPOINTS, resumed.run
+    assert (ckpt / "latest.json").is_file()
     summary = json.loads((out / rd.SUMMARY).read_text())
     samples = [json.loads(line) for line in (out / rd.SAMPLES).read_text().splitlines()]
     assert summary["steps"] == 9 and len(samples) == 24 and summary["instances"] == 2
@@ -196,3 +207,15 @@ def test_resume_continues_from_the_checkpoint(bench):
         assert 0 <= s["step"] - s["policy_version"] <= 1, s
     steps = [json.loads(line)["step"] for line in (out / rd.METRICS).read_text().splitlines()]
     assert min(steps) == 7
+
+
+def test_a_train_run_listens_on_loopback_only(resumed):
+    """Single-machine mode: the run's process tree (Ray, vLLM instances, trainer ranks, the rendezvous
+    store, gloo) never listens outside 127.0.0.0/8, with no loopback setting from `ci/test.sh`."""
+    assert resumed.returncode == 0, resumed.console[-3000:]
+    assert_loopback_only(resumed)
+
+
+def test_a_train_runs_console_has_only_progress_and_each_actor_has_its_log(resumed):
+    assert resumed.returncode == 0, resumed.console[-3000:]
+    assert_console_has_only_progress(resumed, instances=2)

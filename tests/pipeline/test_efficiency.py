@@ -8,7 +8,7 @@ import pytest
 from asp_npu.arch import ModelDims
 from asp_npu.pipeline import efficiency as eff
 from asp_npu.pipeline.machine_load import foreign_share, summarise
-from asp_npu.sim.calibrate import figure_spreads, spread, verdict
+from asp_npu.sim.calibrate import decode_corners, figure_spreads, spread, step_s, verdict
 
 
 def _batch(t0: float, n: int, r: int, a: float, b: float, tag: str) -> tuple[list[dict], float]:
@@ -139,6 +139,33 @@ def test_figure_spreads_fit_each_repeat():
     assert got["prefill_s_per_token"]["rel"] == pytest.approx(0.0, abs=1e-9)
     assert got["refresh_s"]["rel"] == pytest.approx(0.4)
     assert got["matmul_flops_per_s"]["rel"] == pytest.approx(0.02)
+
+
+def test_the_decode_fit_is_judged_at_its_corners_not_by_its_coefficients():
+    """b (per sequence) and c (per KV token) trade off when KV grows with the batch: two repeats with the
+    same step times at every point but different coefficients are trusted; a repeat whose batch-16 step
+    moves by 10% is not."""
+    a = 0.004
+    pts = [(1, 100.0), (4, 400.0), (16, 1600.0)]  # KV tokens = 100 x batch: b n and c kv are one column
+    step = {n: a + 0.0003 * n for n, _ in pts}
+    decode = [{"batch": n, "prompt_len": 16, "kv_tokens": kv, "step_s": step[n],
+               "step_s_runs": [step[n]] * 2} for n, kv in pts]
+    rep = [{"decode_step_s": {"a": a, "b_per_seq": 0.0003, "c_per_kv_token": 0.0}},
+           {"decode_step_s": {"a": a, "b_per_seq": 0.0, "c_per_kv_token": 0.000003}}]
+    assert decode_corners(decode) == {"decode_step_at_batch_1": (1, 100.0),
+                                      "decode_step_at_batch_16": (16, 1600.0)}
+    for n, kv in pts:
+        assert step_s(rep[0]["decode_step_s"], n, kv) == pytest.approx(step_s(rep[1]["decode_step_s"], n, kv))
+    same = {"decode_b_per_seq": spread([0.0003, 0.0]), "decode_c_per_kv_token": spread([0.0, 3e-6]),
+            "decode_step_at_batch_1": spread([step[1]] * 2),
+            "decode_step_at_batch_16": spread([step[16]] * 2)}
+    assert verdict(same, 0.02)["trusted"]
+    moved = {**same, "decode_step_at_batch_16": spread([step[16], step[16] * 1.1])}
+    assert "decode_step_at_batch_16 10%" in verdict(moved, 0.02)["line"]
+    assert not verdict({"decode_b_per_seq": spread([0.0003, 0.0])}, 0.02)["trusted"]  # no corners: judged
+    drawn = {**decode[0], "step_s_runs": [step[1], step[1]]}
+    got = figure_spreads({"decode": [drawn, *decode[1:]], "prefill": [], "refresh": []})
+    assert got["decode_step_at_batch_16"]["n"] == 2 and got["decode_step_at_batch_1"]["rel"] < 1e-9
 
 
 def test_foreign_load_share():

@@ -1,10 +1,11 @@
-"""The pipeline on a two-node Ray cluster on this machine (loopback), joined through `trainer.ray_address`.
+"""The pipeline on a three-node Ray cluster on this machine (loopback), joined through `trainer.ray_address`.
 
-A head and a worker node (`ray.cluster_utils.Cluster`: separate raylets with their own resources and
-a distinct node resource each) stand for two cluster nodes. The run is told `trainer.nnodes=2` and the
-cluster's address; the layout puts the rollout instance on node 0 and the trainer rank on node 1,
-and each group's placement group must sit on its node. Then the e2e invariants: every planned
-(prompt, sample) generated and consumed exactly once, the lag bound held for every sample.
+A head and two worker nodes (`ray.cluster_utils.Cluster`: separate raylets with their own resources and
+a distinct node resource each) stand for three cluster nodes. The run is told `trainer.nnodes=3` and the
+cluster's address; the layout puts rollout instance 0 on node 0 (the driver's), instance 1 on node 1
+and the trainer rank on node 2, and each group's placement group must sit on its node. Node 1 is then
+removed mid-run. Then the e2e invariants: every planned (prompt, sample) generated and consumed exactly
+once, the lag bound held for every sample. One run serves both: a pipeline start is most of its cost.
 """
 
 from __future__ import annotations
@@ -37,18 +38,6 @@ def private_cluster(nodes: int, monkeypatch):
     return cluster, workers
 
 
-@pytest.fixture
-def two_nodes(monkeypatch):
-    cluster, _ = private_cluster(2, monkeypatch)
-    try:
-        yield cluster
-    finally:
-        import ray
-
-        ray.shutdown()
-        cluster.shutdown()
-
-
 def assert_consumed_once_within_lag(run, summary) -> None:
     """The e2e invariants from what the run recorded (samples.jsonl against the plans)."""
     samples = [json.loads(line) for line in (run / rd.SAMPLES).read_text().splitlines()]
@@ -57,42 +46,6 @@ def assert_consumed_once_within_lag(run, summary) -> None:
     assert len(consumed) == len(set(consumed)) == len(planned) > 0
     assert sorted(consumed) == sorted(planned)
     assert all(0 <= s["step"] - s["policy_version"] <= summary["max_lag"] for s in samples)
-
-
-def test_pipeline_runs_on_two_ray_nodes_with_the_layouts_placement_groups(tmp_path, two_nodes):
-    import ray
-    from ray.util import placement_group_table
-
-    from asp_npu.data.datasets import config_prompts
-    from asp_npu.data.init_model import build_model_dir
-    from asp_npu.pipeline.controller import Controller
-
-    model = build_model_dir(tmp_path / "tiny", "tiny", seed=0)
-    cfg = load_config("configs/cpu_tiny.yaml", [
-        f"model.path={model}", *OVERRIDES, "trainer.train_iters=2", "generate_config.num_instances=1",
-        "trainer.nnodes=2", "trainer.n_devices_per_node=1", f"trainer.ray_address={two_nodes.address}",
-        "trainer.logger=[jsonl]", f"trainer.run_dir={tmp_path / 'run'}"])
-    run = rd.RunDir.create(cfg.trainer.run_dir, config_yaml(cfg))
-    ctl = Controller(cfg, run, config_prompts(cfg.data), kind="cpu", console=False)
-    try:
-        ctl.start()
-        assert len(ray.nodes()) == 2 and ray.get_runtime_context().gcs_address == two_nodes.address
-        place = ctl.fleet.cluster
-        node0, node1 = place.node_ids
-        assert node0 != node1 and node0 == ray.get_runtime_context().get_node_id()  # node 0: the driver's
-        for pg in place.instance_pgs:
-            assert set(placement_group_table(pg)["bundles_to_node_id"].values()) == {node0}
-        for pg in place.trainer_pgs:
-            assert set(placement_group_table(pg)["bundles_to_node_id"].values()) == {node1}
-        summary = ctl.run()
-    finally:
-        ctl.close()
-    assert summary["steps"] == 6  # 2 iterations x 6 prompts x 4 samples in steps of 8
-    assert_consumed_once_within_lag(run.path, summary)
-    # the run disconnected from the cluster, which lives on with every CPU free again
-    assert not ray.is_initialized()
-    ray.init(address=two_nodes.address)
-    assert len(ray.nodes()) == 2 and ray.available_resources().get("CPU") == 8
 
 
 @pytest.fixture
@@ -107,14 +60,16 @@ def three_nodes(monkeypatch):
         cluster.shutdown()
 
 
-def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_path, three_nodes):
-    """Instance 1 lives alone on node 1; that node is removed mid-run. The run loses instance 1 like any
-    dead instance, re-dispatches its groups, starts its replacement in a fresh placement group on a live
-    node, which pulls the published weights from the object store (the suite's one run of that path
-    losing an instance), and completes with every planned sample consumed once."""
+def test_each_group_sits_on_its_node_and_a_lost_node_s_instance_comes_back_on_another(tmp_path, three_nodes):
+    """Each placement group sits on its layout node. Instance 1 lives alone on node 1; that node is removed
+    mid-run. The run loses instance 1 like any dead instance, re-dispatches its groups, starts its
+    replacement in a fresh placement group on a live node, which pulls the published weights from the
+    object store (the suite's one run of that path losing an instance), and completes with every planned
+    sample consumed once."""
     import threading
     import time
 
+    import ray
     from ray.util import placement_group_table
 
     from asp_npu.data.datasets import config_prompts
@@ -143,16 +98,21 @@ def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_p
                 return
             time.sleep(0.05)
 
+    def nodes_of(pg) -> set[str]:
+        return set(placement_group_table(pg)["bundles_to_node_id"].values())
+
     try:
         ctl.start()
+        assert len(ray.nodes()) == 3 and ray.get_runtime_context().gcs_address == cluster.address
         place = ctl.fleet.cluster
-        assert len(set(place.node_ids)) == 3
-        assert set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values()) == {
-            place.node_ids[1]}
+        node0, node1, node2 = place.node_ids
+        assert len({node0, node1, node2}) == 3 and node0 == ray.get_runtime_context().get_node_id()
+        assert [nodes_of(pg) for pg in place.instance_pgs] == [{node0}, {node1}]
+        assert [nodes_of(pg) for pg in place.trainer_pgs] == [{node2}]
         killer = threading.Thread(target=remove_node_1, daemon=True)
         killer.start()
         summary = ctl.run()
-        new_home = set(placement_group_table(place.instance_pgs[1])["bundles_to_node_id"].values())
+        new_home = nodes_of(place.instance_pgs[1])
     finally:
         ctl.close()
     assert "t" in removed, "node 1 was never removed"
@@ -166,3 +126,7 @@ def test_losing_a_node_loses_its_instance_which_comes_back_on_another_node(tmp_p
     assert summary["weight_transfer"] == {"path": "object-store"}
     assert events["instance_recovered"]["instance"] == 1 and events["instance_recovered"]["recovery_s"] > 0
     assert_consumed_once_within_lag(run.path, summary)
+    # the run disconnected from the cluster, which lives on (without node 1) with every CPU free again
+    assert not ray.is_initialized()
+    ray.init(address=cluster.address)
+    assert sum(n["Alive"] for n in ray.nodes()) == 2 and ray.available_resources().get("CPU") == 8

@@ -1,7 +1,6 @@
-"""One short `asp-npu train` run, watched from outside: single-machine mode binds everything to
-127.0.0.1 (its process tree -- Ray, vLLM instances, trainer ranks, the rendezvous store, gloo -- never
-listens outside 127.0.0.0/8), and its console keeps only the progress line while `logs/` holds each
-instance's and rank's output. One run serves both: a train run is most of this file's cost."""
+"""A command watched from outside while it runs: every listening TCP socket of its process tree (to show
+single-machine mode binds everything to 127.0.0.1) and its console (to show it keeps only the progress
+line). Used by `tests/pipeline/test_e2e.py`'s resumed run."""
 
 from __future__ import annotations
 
@@ -10,16 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from tests.pipeline.test_e2e import OVERRIDES
-
-pytestmark = pytest.mark.slow
 
 
 def _is_loopback(ip: str) -> bool:
@@ -88,26 +82,20 @@ class WatchedRun:
     listeners: set[tuple[str, int, str]]
 
 
-@pytest.fixture(scope="module")
-def watched(tmp_path_factory) -> WatchedRun:
-    """The run, its console (stdout and stderr) and every listening socket of its process tree."""
+def watch(cmd: list[str], timeout_s: float = 600) -> WatchedRun:
+    """Run `cmd` (whose last `trainer.run_dir=` names its run) without the loopback settings `ci/test.sh`
+    exports, so they must come from the code, and warnings not silenced; its console and every listening
+    socket of its process tree, polled every 0.5 s."""
     if shutil.which("ss") is None:
         pytest.importorskip("psutil")
-    from asp_npu.data.init_model import build_model_dir
-
-    root = tmp_path_factory.mktemp("watched")
-    model = build_model_dir(root / "tiny", "tiny", seed=0)
-    # the loopback settings must come from the code, not from ci/test.sh; warnings are not silenced
     ci_env = ("VLLM_HOST_IP", "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
               "PYTHONWARNINGS")
     env = {k: v for k, v in os.environ.items() if k not in ci_env}
     env["PYTHONPATH"] = str(Path.cwd())
-    cmd = [sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml",
-           f"model.path={model}", f"trainer.run_dir={root / 'run'}", "trainer.train_iters=1",
-           *OVERRIDES, "generate_config.num_instances=1", "trainer.logger=[console,jsonl]"]
+    run = Path([a for a in cmd if a.startswith("trainer.run_dir=")][-1].split("=", 1)[1])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[tuple[str, int, str]] = set()
-    deadline = time.time() + 600
+    deadline = time.time() + timeout_s
     try:
         while proc.poll() is None and time.time() < deadline:
             seen |= _listeners(_tree(proc.pid))
@@ -116,24 +104,24 @@ def watched(tmp_path_factory) -> WatchedRun:
         if proc.poll() is None:
             proc.kill()
         output = proc.communicate()[0]
-    return WatchedRun(root / "run", proc.returncode, output, seen)
+    return WatchedRun(run, proc.returncode, output, seen)
 
 
-def test_train_run_listens_on_loopback_only(watched):
-    assert watched.returncode == 0, watched.console[-3000:]
+def assert_loopback_only(watched: WatchedRun) -> None:
     assert watched.listeners, "no listening socket seen: the probe did not work"
     outside = sorted(s for s in watched.listeners if not _is_loopback(s[0]))
     assert not outside, f"listening outside loopback (address, port, process): {outside}"
 
 
-def test_a_train_runs_console_has_only_progress_and_each_actor_has_its_log(watched):
-    assert watched.returncode == 0, watched.console[-3000:]
-    # the project's own one-line notices (e.g. which weight path runs) may name vLLM; nothing else may
+def assert_console_has_only_progress(watched: WatchedRun, instances: int) -> None:
+    """The project's own one-line notices (e.g. which weight path runs) may name vLLM; nothing else may.
+    Each instance's and trainer rank 0's output is in `logs/`."""
     noise = [line for line in watched.console.splitlines()
              if NOISE.search(line) and not line.startswith("asp-npu: ")]
     assert not noise, noise
     assert "step" in watched.console  # the progress line
     logs = watched.run / "logs"
-    inst, rank = (logs / "instance-0.log").read_text(), (logs / "trainer-rank0.log").read_text()
-    assert re.search(r"vllm|EngineCore", inst, re.IGNORECASE), inst[:2000]
-    assert rank.strip(), "trainer rank 0 wrote nothing"
+    for i in range(instances):
+        inst = (logs / f"instance-{i}.log").read_text()
+        assert re.search(r"vllm|EngineCore", inst, re.IGNORECASE), inst[:2000]
+    assert (logs / "trainer-rank0.log").read_text().strip(), "trainer rank 0 wrote nothing"
