@@ -36,8 +36,9 @@ CASES = {
     ("bench real", "trainer-forming"): (BENCH, "ray::TrainerRank", signal.SIGTERM, False),
     ("calibrate", "before-engine"): (CALIBRATE, f"line:{BEFORE_ENGINE}", signal.SIGTERM, False),
     ("calibrate", "engine-starting"): (CALIBRATE, "VLLM::EngineCore", signal.SIGINT, True),
-    ("calibrate", "trainer-probe"): ([*CALIBRATE, "--repeats", "1"], "ray::TrainerRank", signal.SIGTERM,
-                                     False),
+    # one repeat of the engine's probes at batches 1 and 4 only: the trainer's probe comes sooner
+    ("calibrate", "trainer-probe"): ([*CALIBRATE, "--repeats", "1", "generate_config.max_num_seqs=4"],
+                                     "ray::TrainerRank", signal.SIGTERM, False),
     ("sft", "before-ray"): ([*SFT, "sft.steps=2"], "line:sft: step 0 exact_match=", signal.SIGINT, True),
     ("sft", "trainer-forming"): ([*SFT, "sft.steps=2"], "ray::TrainerRank", signal.SIGTERM, False),
     ("sft", "training"): ([*SFT, "sft.steps=1000", "sft.batch_size=4", "sft.eval_every=0"],

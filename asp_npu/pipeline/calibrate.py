@@ -33,7 +33,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -402,12 +404,21 @@ def measure_config(
     trainer and core sharing (`measure_sharing`); shut everything down. Every probe is taken `repeats`
     times; other processes' CPU use is sampled throughout (`machine_load.ForeignLoad`, in `meta`), and
     one core's matmul FLOP/s is probed `repeats` times (`points["matmul_flops_per_s"]`), and so is the
-    host-side Adam step of `optimizer_cpu_offload` (`points["host_optimizer_s_per_param"]`)."""
+    host-side Adam step of `optimizer_cpu_offload` (`points["host_optimizer_s_per_param"]`).
+
+    The matmul probes are spread over the calibration -- before the engine's probes, between them and the
+    trainer's, and at the end (the rest) -- so their spread is the machine's own speed drifting while it
+    calibrates: on a shared host other tenants slow every core without any process here to see
+    (measured: 84-106 GFLOP/s over three calibrations in 20 minutes, each quiet by `ForeignLoad`)."""
     from asp_npu.pipeline.machine_load import ForeignLoad
 
+    mm: list[float] = []
+    probe = partial(_matmul_probes, 1, quick)
     with ForeignLoad() as load:
-        m = _measure_config(cfg, quick, repeats, trainer)
-        m.points["matmul_flops_per_s"] = _matmul_probes(repeats, quick)
+        mm += probe()
+        m = _measure_config(cfg, quick, repeats, trainer, between=lambda: mm.extend(probe()))
+        mm += _matmul_probes(max(1, repeats - len(mm)), quick)
+        m.points["matmul_flops_per_s"] = mm
         m.points["host_optimizer_s_per_param"] = _host_optimizer_probes(repeats, quick)
     m.meta["foreign_load"] = load.summary()
     return m
@@ -426,7 +437,8 @@ def _host_optimizer_probes(repeats: int, quick: bool) -> list[float]:
     return [host_optimizer_s_per_param(params, min_s=0.2 if quick else 0.5) for _ in range(repeats)]
 
 
-def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> EngineMeasurement:
+def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool,
+                    between: Callable[[], Any] = lambda: None) -> EngineMeasurement:
     from asp_npu.data.init_model import build_model_dir, check_model_dir
     from asp_npu.device import confine_to_devices, detect, rollout_env
     from asp_npu.rollout.engine import EngineSettings, LoopThread
@@ -466,6 +478,7 @@ def _measure_config(cfg: Config, quick: bool, repeats: int, trainer: bool) -> En
         engine = loop.run(build())
         meta = {"device": kind, "dtype": cfg.model.dtype, "engine_nice": nice}
         m = measure_engine(engine, loop, str(cfg.model.path), gen.max_num_seqs, quick, repeats, meta)
+        between()
         if trainer:
             t0 = time.time()
             m.points["trainer"] = measure_sharing(

@@ -4,7 +4,8 @@ write the `asp-calib/1` file that presets read (`cost_from:`, `--calib`).
 The measurement itself runs a real engine and lives with the rollout code
 (asp_npu/pipeline/calibrate.py); this module is pure arithmetic on its points.
 Schema `asp-calib/1`. `matmul_flops_per_s`: the median of a timed fp32 torch matmul per device (one
-thread = one core on CPU; the denominator of a run's MFU). `host_optimizer_s_per_param`: the median
+thread = one core on CPU; the denominator of a run's MFU), probed at the calibration's start, middle and
+end, so its spread is the machine's own drift (`SPEED`). `host_optimizer_s_per_param`: the median
 seconds per parameter of the host-side Adam step under `optimizer_cpu_offload` (fp32 master, gradient
 and two moments, one thread: a trainer rank's share; `asp-npu check --calib` and
 `trainer.host_optimizer_s_per_param` charge it per offloaded parameter). `spread`: every figure's
@@ -172,6 +173,7 @@ def fit_per_repeat(points: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 NOT_JUDGED = ("decode_a", "decode_b_per_seq", "decode_c_per_kv_token")  # judged at the corners instead
+SPEED = "matmul_flops_per_s"  # probed over the whole calibration: its spread is the machine's own drift
 
 
 def decode_corners(decode: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
@@ -235,12 +237,16 @@ def verdict(spreads: dict[str, dict[str, float]], foreign_load: float | None, lo
     its coefficients), and other processes' mean CPU use during the probes (a share of the cores) at
     most `max_foreign`."""
     corners = any(k.startswith("decode_step_at_batch_") for k in spreads)
-    judged = {k: s for k, s in spreads.items() if not (corners and k in NOT_JUDGED)}
+    judged = {k: s for k, s in spreads.items() if not (corners and k in NOT_JUDGED) and k != SPEED}
     wide = sorted(((s["rel"], k) for k, s in judged.items() if s["rel"] > max_spread and s["n"] > 1),
                   reverse=True)
     busy = foreign_load is not None and foreign_load > max_foreign
     why = [f"{len(wide)} figure(s) spread over {max_spread:.0%}, widest {wide[0][1]} {wide[0][0]:.0%}"
            ] if wide else []
+    speed = spreads.get(SPEED, {"rel": 0.0, "n": 0})
+    if speed["n"] > 1 and speed["rel"] > max_spread:
+        why.append(f"the machine's own speed moved {speed['rel']:.0%} (one core's matmul, probed at the "
+                   f"start, middle and end: other tenants of a shared host)")
     if busy:
         why.append(f"other processes used {foreign_load:.0%} of the cores during the probes "
                    f"(threshold {max_foreign:.0%})")

@@ -163,6 +163,8 @@ def test_the_decode_fit_is_judged_at_its_corners_not_by_its_coefficients():
     moved = {**same, "decode_step_at_batch_16": spread([step[16], step[16] * 1.1])}
     assert "decode_step_at_batch_16 10%" in verdict(moved, 0.02)["line"]
     assert not verdict({"decode_b_per_seq": spread([0.0003, 0.0])}, 0.02)["trusted"]  # no corners: judged
+    drift = verdict({**same, "matmul_flops_per_s": spread([9.7e10, 8.4e10, 1.05e11])}, 0.02)["line"]
+    assert "NOT trusted" in drift and "speed moved 22%" in drift and "figure(s)" not in drift
     drawn = {**decode[0], "step_s_runs": [step[1], step[1]]}
     got = figure_spreads({"decode": [drawn, *decode[1:]], "prefill": [], "refresh": []})
     assert got["decode_step_at_batch_16"]["n"] == 2 and got["decode_step_at_batch_1"]["rel"] < 1e-9
