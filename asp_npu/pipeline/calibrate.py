@@ -403,8 +403,8 @@ def measure_config(
     whole process is confined to them, as a run's instance is), measure it; with `trainer`, then the
     trainer and core sharing (`measure_sharing`); shut everything down. Every probe is taken `repeats`
     times; other processes' CPU use is sampled throughout (`machine_load.ForeignLoad`, in `meta`), and
-    one core's matmul FLOP/s is probed `repeats` times (`points["matmul_flops_per_s"]`), and so is the
-    host-side Adam step of `optimizer_cpu_offload` (`points["host_optimizer_s_per_param"]`).
+    one core's matmul FLOP/s is probed `max(3, repeats)` times (`points["matmul_flops_per_s"]`), the
+    host-side Adam step of `optimizer_cpu_offload` `repeats` times (`points["host_optimizer_s_per_param"]`).
 
     The matmul probes are spread over the calibration -- before the engine's probes, between them and the
     trainer's, and at the end (the rest) -- so their spread is the machine's own speed drifting while it

@@ -227,7 +227,8 @@ class TransferEngineWeights:
 
     def _broken(self, exc: BaseException, members: list[int]) -> None:
         """A push failed: the group is void. A dead trainer or a failure no lost member explains ends the
-        run (one line); members found dead leave the group and go to recovery (`ActorLost`)."""
+        run (one line); members found dead leave the group and go to recovery (`ActorLost`). A member
+        already lost while the push ran explains it too: its slot may by now hold a live replacement."""
         import ray
 
         from asp_npu.remote import ActorLost
@@ -237,10 +238,9 @@ class TransferEngineWeights:
         if isinstance(exc, ray.exceptions.RayActorError):
             raise WeightSyncError(f"weight_refresh failed: the trainer (weight-group rank 0) is gone "
                                   f"({type(exc).__name__})") from None
-        dead = _dead([self.instances[i] for i in members])
-        if not dead:
+        lost = [members[k] for k in _dead([self.instances[i] for i in members])]
+        if not lost and not self.out & set(members):  # a member found lost while the push ran explains it
             raise WeightSyncError(self.sync._diagnose("send", exc)) from None
-        lost = [members[k] for k in dead]
         new = [i for i in lost if i not in self.out]
         self.out.update(lost)
         if new:

@@ -73,7 +73,8 @@ def test_every_printed_figure_carries_its_spread_and_one_trust_line(capsys, tmp_
     print_result(str(tmp_path / "c.json"), doc)
     out = capsys.readouterr().out.splitlines()
     figures = [line for line in out if line.startswith("  ")]
-    assert len(figures) == 6 and all("spread" in line for line in figures), out
+    assert len(figures) == 8 and all("spread" in line for line in figures), out  # 6 + the decode corners
+    assert sum("decode step at batch" in line for line in figures) == 2
     assert out[-1].startswith("calibration NOT trusted") and "decode_" in out[-1]
     assert cli_main(["calibrate", "--config", "configs/cpu_tiny.yaml", "--out", str(tmp_path / "c.json"),
                      "--max-spread", "0"]) == 2
@@ -97,7 +98,12 @@ def test_host_optimizer_probe_lands_in_the_calibration_json(monkeypatch, tmp_pat
               for n in (1, 4)]
     prefill = [{"prompt_tokens": p, "ttft_s": 1e-4 * p} for p in (32, 128)]
     fake = pc.EngineMeasurement("m", {"decode": decode, "prefill": prefill, "refresh": []}, {})
-    monkeypatch.setattr(pc, "_measure_config", lambda *a: fake)
+
+    def measured(*a, between=lambda: None):  # the engine's probes, stubbed; what runs between them runs
+        between()
+        return fake
+
+    monkeypatch.setattr(pc, "_measure_config", measured)
     out = tmp_path / "c.json"
     assert cli_main(["calibrate", "--config", "configs/cpu_tiny.yaml", "--out", str(out), "--quick",
                      "--repeats", "2", "--no-trainer"]) == 0
@@ -106,5 +112,6 @@ def test_host_optimizer_probe_lands_in_the_calibration_json(monkeypatch, tmp_pat
     assert len(runs) == 2 and all(math.isfinite(x) and x > 0 for x in runs)
     assert doc["host_optimizer_s_per_param"] == pytest.approx(sum(runs) / 2)
     assert doc["spread"]["host_optimizer_s_per_param"]["n"] == 2
+    assert len(doc["points"]["matmul_flops_per_s"]) == 3  # at the start, between the probes, at the end
     line = [s for s in capsys.readouterr().out.splitlines() if "host optimizer step per parameter" in s]
     assert len(line) == 1 and "spread" in line[0]

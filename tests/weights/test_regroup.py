@@ -160,6 +160,23 @@ def test_a_push_broken_by_a_dead_member_goes_to_recovery_and_is_repeated(ray_loc
     assert ray.get(rank0.seen.remote())[-1][1] == (1,)
 
 
+def test_a_push_broken_by_a_member_already_replaced_is_not_fatal(ray_local):
+    """The chaos test's other race (seen once in the whole suite): the fleet's health check finds the
+    member dead while the push runs, and its replacement is already in the slot (alive, not yet
+    `replaced`) when the broken push is polled. The loss explains the failure: no error, and the survivor
+    gets the weights over a new group at once."""
+    ray = ray_local
+    rank0 = ray.remote(Rank0).remote()
+    instances = [ray.remote(Instance).remote() for _ in range(2)]
+    w = TransferEngineWeights(Trainer(rank0), instances, drain=False, timeout_s=30)
+    ray.kill(instances[0], no_restart=True)
+    _publish(ray, rank0, w, 1)  # the push is in flight over the dead member
+    w.lost(0)  # recovery saw it first
+    instances[0] = ray.remote(Instance).remote()  # and the fleet put the replacement in its slot
+    assert [(r.instance, r.version) for r in _settle(w)] == [(1, 1)] and w.held == [0, 1]
+    assert ray.get(rank0.seen.remote())[-1][1] == (1,)
+
+
 def test_a_dead_trainer_is_one_line(ray_local):
     ray = ray_local
     rank0 = ray.remote(Rank0).remote()
