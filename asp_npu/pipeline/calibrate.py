@@ -35,7 +35,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -412,12 +411,10 @@ def measure_config(
     (measured: 84-106 GFLOP/s over three calibrations in 20 minutes, each quiet by `ForeignLoad`)."""
     from asp_npu.pipeline.machine_load import ForeignLoad
 
-    mm: list[float] = []
-    probe = partial(_matmul_probes, 1, quick)
     with ForeignLoad() as load:
-        mm += probe()
-        m = _measure_config(cfg, quick, repeats, trainer, between=lambda: mm.extend(probe()))
-        mm += _matmul_probes(max(1, repeats - len(mm)), quick)
+        mm = _matmul_probes(1, quick)  # start
+        m = _measure_config(cfg, quick, repeats, trainer, between=lambda: mm.extend(_matmul_probes(1, quick)))
+        mm += _matmul_probes(max(1, repeats - 2), quick)  # end
         m.points["matmul_flops_per_s"] = mm
         m.points["host_optimizer_s_per_param"] = _host_optimizer_probes(repeats, quick)
     m.meta["foreign_load"] = load.summary()

@@ -186,9 +186,11 @@ def decode_corners(decode: list[dict[str, Any]]) -> dict[str, tuple[int, float]]
 
 
 def step_s(decode_step_s: dict[str, float], batch: float, kv_tokens: float) -> float:
-    """The fitted decode step `a + b n + c kv` (`schedule.cost.CostModel.step_seconds`)."""
+    """The decode step a calibration's fit (`decode_step_s`) predicts, as the planner's cost model does."""
+    from asp_npu.schedule.cost import CostModel
+
     d = decode_step_s
-    return d["a"] + d["b_per_seq"] * batch + d["c_per_kv_token"] * kv_tokens
+    return CostModel(d["a"], d["b_per_seq"], d["c_per_kv_token"]).step_seconds(batch, kv_tokens)
 
 
 def figure_spreads(points: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -185,11 +185,11 @@ def resumed(bench) -> WatchedRun:
     instances (the bench ran one; on 2 cores they share the cores with the trainer), as its own process
     watched from outside (`tests/pipeline/watch.py`): its listening sockets and its console."""
     _, runs = bench
-    ckpt = runs / "asp_s1234" / rd.CHECKPOINTS
+    ckpt, out = runs / "asp_s1234" / rd.CHECKPOINTS, runs / "asp_resumed"
     return watch([sys.executable, "-m", "asp_npu.cli", "train", "--config", "configs/cpu_tiny.yaml",
                   f"model.path={runs.parent / 'tiny'}", f"actor_config.load={ckpt}", "trainer.train_iters=3",
                   "data.seed=1234", *OVERRIDES, "generate_config.num_instances=2",
-                  "trainer.logger=[console,jsonl]", f"trainer.run_dir={runs / 'asp_resumed'}"])
+                  "trainer.logger=[console,jsonl]", f"trainer.run_dir={out}"], out)
 
 
 def test_resume_continues_from_the_checkpoint(bench, resumed):

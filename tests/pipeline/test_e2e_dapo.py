@@ -43,7 +43,7 @@ LORA = ["actor_config.lora_r=4", "actor_config.lora_alpha=8",
         "actor_config.lr=1e-3", f"trainer.save_freq={ITERS}"]
 
 
-MOE = ["model.architecture=qwen3-moe"]
+MOE = ["model.architecture=qwen3-moe", "trainer.save_freq=0"]
 EXTRA = {"asp": LORA, "mindspeed-sync": MOE}
 
 
@@ -58,7 +58,7 @@ def dapo_run(root: Path, mode: str) -> Path:
     run = root / "run"
     rc = cli_main(["train", "--config", "configs/cpu_tiny.yaml", *OVERRIDES, f"rl_config.mode={mode}",
                    "generate_config.num_instances=1", f"trainer.train_iters={ITERS}",
-                   "trainer.logger=[jsonl]", "trainer.save_freq=0", f"model.path={model}",
+                   "trainer.logger=[jsonl]", f"model.path={model}",
                    f"trainer.run_dir={run}", *DAPO, *VAL, *EXTRA[mode]])
     assert rc == 0
     return run

@@ -82,8 +82,8 @@ class WatchedRun:
     listeners: set[tuple[str, int, str]]
 
 
-def watch(cmd: list[str], timeout_s: float = 600) -> WatchedRun:
-    """Run `cmd` (whose last `trainer.run_dir=` names its run) without the loopback settings `ci/test.sh`
+def watch(cmd: list[str], run: Path, timeout_s: float = 600) -> WatchedRun:
+    """Run `cmd` (writing its run directory `run`) without the loopback settings `ci/test.sh`
     exports, so they must come from the code, and warnings not silenced; its console and every listening
     socket of its process tree, polled every 0.5 s."""
     if shutil.which("ss") is None:
@@ -92,7 +92,6 @@ def watch(cmd: list[str], timeout_s: float = 600) -> WatchedRun:
               "PYTHONWARNINGS")
     env = {k: v for k, v in os.environ.items() if k not in ci_env}
     env["PYTHONPATH"] = str(Path.cwd())
-    run = Path([a for a in cmd if a.startswith("trainer.run_dir=")][-1].split("=", 1)[1])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[tuple[str, int, str]] = set()
     deadline = time.time() + timeout_s
